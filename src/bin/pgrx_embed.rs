@@ -1,0 +1,1 @@
+fn main() { pgrx::pgrx_embed!() }

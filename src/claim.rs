@@ -1,0 +1,254 @@
+//! The claim: one INSERT … ON CONFLICT DO NOTHING into the ledger, in the caller's
+//! transaction. A duplicate is a conflict, never an error, so the transaction stays usable;
+//! a concurrent uncommitted claim of the same key makes the INSERT wait for that
+//! transaction's fate, which is exactly the answer a consumer needs.
+
+use std::collections::{HashMap, HashSet};
+
+use pgrx::datum::{DatumWithOid, TimestampWithTimeZone, Uuid};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+
+use crate::digest::{fingerprint, parse_key, Scope};
+use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
+use crate::plans::Statement;
+
+static INSERT_CLAIM: Statement = Statement {
+    sql: "INSERT INTO idempotency.ledger (key_digest, scope_id, fingerprint) VALUES ($1, $2, $3) \
+          ON CONFLICT (key_digest) DO NOTHING",
+    args: &[pg_sys::UUIDOID, pg_sys::INT8OID, pg_sys::UUIDOID],
+};
+
+static READ_CLAIM: Statement = Statement {
+    sql: "SELECT claimed_at, fingerprint, result FROM idempotency.ledger \
+          WHERE key_digest OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::UUIDOID],
+};
+
+static STORE_RESULT: Statement = Statement {
+    sql: "UPDATE idempotency.ledger SET result = $2 WHERE key_digest OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::UUIDOID, pg_sys::JSONBOID],
+};
+
+// Digests arrive sorted, so two batches that share keys insert them in the same order and
+// wait for each other instead of deadlocking.
+static INSERT_MANY: Statement = Statement {
+    sql: "INSERT INTO idempotency.ledger (key_digest, scope_id) \
+          SELECT d, $2 FROM pg_catalog.unnest($1) AS u(d) \
+          ON CONFLICT (key_digest) DO NOTHING RETURNING key_digest",
+    args: &[pg_sys::UUIDARRAYOID, pg_sys::INT8OID],
+};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Wait for a concurrent uncommitted claim to commit or roll back.
+    Block,
+    /// Raise 55P03 instead, so the consumer can requeue rather than hold a worker.
+    NoWait,
+}
+
+/// What the ledger says about a key after a claim.
+struct Claim {
+    claimed: bool,
+    claimed_at: Option<TimestampWithTimeZone>,
+    result: Option<JsonB>,
+}
+
+fn claim(
+    key: Option<&str>,
+    scope: Option<&str>,
+    payload: Option<JsonB>,
+    wait: Wait,
+    want_replay: bool,
+) -> Result<Claim> {
+    let key = parse_key(key)?;
+    let scope = Scope::parse(scope)?;
+    let digest = scope.key_digest(key);
+    let fingerprint = payload.as_ref().map(|p| fingerprint(&p.0));
+
+    let args = [
+        DatumWithOid::from(digest),
+        DatumWithOid::from(scope.id),
+        DatumWithOid::from(fingerprint),
+    ];
+    let inserted = match wait {
+        Wait::Block => INSERT_CLAIM.run(&args, |t| t.len() == 1),
+        Wait::NoWait => insert_without_waiting(&args, key)?,
+    };
+    if inserted {
+        return Ok(Claim { claimed: true, claimed_at: Some(transaction_start()), result: None });
+    }
+    if fingerprint.is_none() && !want_replay {
+        return Ok(Claim { claimed: false, claimed_at: None, result: None });
+    }
+
+    // A duplicate: read the first claim (INSERT first, then read; never the reverse).
+    let first = READ_CLAIM.run(&[DatumWithOid::from(digest)], |t| {
+        t.first().get_three::<TimestampWithTimeZone, Uuid, JsonB>().ok()
+    });
+    let Some((claimed_at, stored, result)) = first else {
+        // Purged between our conflict and our read: still a duplicate, with nothing to replay.
+        return Ok(Claim { claimed: false, claimed_at: None, result: None });
+    };
+    if let (Some(stored), Some(given)) = (stored, fingerprint) {
+        if stored != given {
+            let when = claimed_at.map(|t| t.to_string()).unwrap_or_default();
+            return Err(IdemError::new(
+                SqlState::PayloadMismatch,
+                format!("key \"{}\" in scope \"{}\" was already claimed with a different payload", abbreviate(key), scope.name),
+            )
+            .detail(format!("The first claim was made at {when}; this payload's canonical fingerprint differs."))
+            .hint("A producer reused a key for another message. Derive keys from the message's business identity."));
+        }
+    }
+    Ok(Claim { claimed: false, claimed_at, result })
+}
+
+/// The claim with lock_timeout at its 1 ms minimum for the INSERT alone: PostgreSQL has no
+/// NOWAIT for ON CONFLICT, and the wait for another transaction's uncommitted row is a lock
+/// wait that lock_timeout ends.
+fn insert_without_waiting(args: &[DatumWithOid<'_>], key: &str) -> Result<bool> {
+    struct Restore(i32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            unsafe { pg_sys::LockTimeout = self.0 };
+        }
+    }
+    let _restore = Restore(unsafe { pg_sys::LockTimeout });
+    unsafe { pg_sys::LockTimeout = 1 };
+    PgTryBuilder::new(|| Ok(INSERT_CLAIM.run(args, |t| t.len() == 1)))
+        .catch_when(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| {
+            Err(IdemError::new(
+                SqlState::LockNotAvailable,
+                format!("key \"{}\" is being claimed by another transaction", abbreviate(key)),
+            )
+            .detail("That transaction has not committed or rolled back yet.")
+            .hint("Requeue the message; if the other transaction commits, the redelivery is a duplicate."))
+        })
+        .execute()
+}
+
+fn transaction_start() -> TimestampWithTimeZone {
+    let ts = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    TimestampWithTimeZone::try_from(ts).expect("the transaction start is a valid timestamp")
+}
+
+/// Keys may be megabytes long; messages quote at most the first 64 characters.
+fn abbreviate(key: &str) -> String {
+    match key.char_indices().nth(64) {
+        Some((end, _)) => format!("{}…", &key[..end]),
+        None => key.to_string(),
+    }
+}
+
+fn store_result(key: Option<&str>, result: Option<JsonB>, scope: Option<&str>) -> Result<()> {
+    let key = parse_key(key)?;
+    let scope = Scope::parse(scope)?;
+    let result = required(result, "result")?;
+    let args = [DatumWithOid::from(scope.key_digest(key)), DatumWithOid::from(result)];
+    if STORE_RESULT.run(&args, |t| t.len()) == 0 {
+        return Err(IdemError::new(
+            SqlState::NotClaimed,
+            format!("key \"{}\" in scope \"{}\" has no claim to store a result for", abbreviate(key), scope.name),
+        )
+        .hint("Call idem_claim first, in the same transaction."));
+    }
+    Ok(())
+}
+
+fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<bool>> {
+    let keys = required(keys, "keys")?;
+    let scope = Scope::parse(scope)?;
+    let mut digests = Vec::with_capacity(keys.len());
+    for (i, key) in keys.iter().enumerate() {
+        let key = parse_key(key).map_err(|e| IdemError { message: format!("keys[{}]: {}", i + 1, e.message), ..e })?;
+        digests.push(scope.key_digest(key));
+    }
+    // The first position of each distinct digest is the one that may report "new".
+    let mut first_at: HashMap<[u8; 16], usize> = HashMap::with_capacity(digests.len());
+    for (i, d) in digests.iter().enumerate() {
+        first_at.entry(*d.as_bytes()).or_insert(i);
+    }
+    let mut distinct: Vec<[u8; 16]> = first_at.keys().copied().collect();
+    if distinct.is_empty() {
+        return Ok(Vec::new());
+    }
+    distinct.sort_unstable();
+    let batch: Vec<Uuid> = distinct.iter().map(|d| Uuid::from_bytes(*d)).collect();
+    let inserted: HashSet<[u8; 16]> = INSERT_MANY.run(
+        &[DatumWithOid::from(batch), DatumWithOid::from(scope.id)],
+        |table| {
+            table
+                .filter_map(|row| row.get::<Uuid>(1).ok().flatten())
+                .map(|d| *d.as_bytes())
+                .collect()
+        },
+    );
+    Ok(digests
+        .iter()
+        .enumerate()
+        .map(|(i, d)| first_at[d.as_bytes()] == i && inserted.contains(d.as_bytes()))
+        .collect())
+}
+
+#[pg_extern(sql = false)]
+fn idem_claim(key: Option<&str>, scope: Option<&str>, payload: Option<JsonB>) -> Option<bool> {
+    finish(claim(key, scope, payload, Wait::Block, false).map(|c| c.claimed))
+}
+sqlstate_entry!(idem_claim_entry, pg_finfo_idem_claim_entry, idem_claim_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_claim_nowait(key: Option<&str>, scope: Option<&str>, payload: Option<JsonB>) -> Option<bool> {
+    finish(claim(key, scope, payload, Wait::NoWait, false).map(|c| c.claimed))
+}
+sqlstate_entry!(idem_claim_nowait_entry, pg_finfo_idem_claim_nowait_entry, idem_claim_nowait_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_claim_replay(
+    key: Option<&str>,
+    scope: Option<&str>,
+    payload: Option<JsonB>,
+) -> TableIterator<
+    'static,
+    (
+        name!(claimed, Option<bool>),
+        name!(first_claimed_at, Option<TimestampWithTimeZone>),
+        name!(result, Option<JsonB>),
+    ),
+> {
+    let row = finish(claim(key, scope, payload, Wait::Block, true))
+        .map(|c| (Some(c.claimed), c.claimed_at, c.result));
+    TableIterator::new(row)
+}
+sqlstate_entry!(idem_claim_replay_entry, pg_finfo_idem_claim_replay_entry, idem_claim_replay_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_set_result(key: Option<&str>, result: Option<JsonB>, scope: Option<&str>) {
+    finish(store_result(key, result, scope));
+}
+sqlstate_entry!(idem_set_result_entry, pg_finfo_idem_set_result_entry, idem_set_result_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Option<Vec<bool>> {
+    finish(claim_many(keys, scope))
+}
+sqlstate_entry!(idem_claim_many_entry, pg_finfo_idem_claim_many_entry, idem_claim_many_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_digest(key: Option<&str>, scope: Option<&str>) -> Option<Uuid> {
+    finish(parse_key(key).and_then(|k| Ok(Scope::parse(scope)?.key_digest(k))))
+}
+sqlstate_entry!(idem_digest_entry, pg_finfo_idem_digest_entry, idem_digest_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_scope_id(scope: Option<&str>) -> Option<i64> {
+    finish(Scope::parse(scope).map(|s| s.id))
+}
+sqlstate_entry!(idem_scope_id_entry, pg_finfo_idem_scope_id_entry, idem_scope_id_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_fingerprint(payload: Option<JsonB>) -> Option<Uuid> {
+    finish(required(payload, "payload").map(|p| fingerprint(&p.0)))
+}
+sqlstate_entry!(idem_fingerprint_entry, pg_finfo_idem_fingerprint_entry, idem_fingerprint_wrapper);

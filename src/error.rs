@@ -1,0 +1,169 @@
+//! The error contract: every failure a caller can provoke carries a documented SQLSTATE.
+//!
+//! pgrx can only raise the SQLSTATEs in its own enum and turns any other code into XX000, so
+//! our own class `ID` could not pass through it. Instead a failing call stashes its error and
+//! returns; a thin C entry point (see [`sqlstate_entry!`]) raises the stash once every Rust
+//! frame of the call has returned, with the exact code, message, detail and hint.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CString};
+
+use pgrx::pg_sys;
+
+/// The SQLSTATEs this extension raises. The README's error table is generated from the same list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SqlState {
+    /// 22004: a required argument was NULL.
+    NullValueNotAllowed,
+    /// 22023: an argument has a value that can never be valid (empty key, negative position).
+    InvalidParameterValue,
+    /// 55P03: a no-wait claim met an uncommitted claim of the same key.
+    LockNotAvailable,
+    /// ID001: the key was claimed before with a different payload.
+    PayloadMismatch,
+    /// ID002: the payload has no value at a path that makes up its key.
+    KeyMissingFromPayload,
+    /// ID003: a result was stored for a key that has no claim.
+    NotClaimed,
+}
+
+impl SqlState {
+    pub const fn code(self) -> &'static [u8; 5] {
+        match self {
+            SqlState::NullValueNotAllowed => b"22004",
+            SqlState::InvalidParameterValue => b"22023",
+            SqlState::LockNotAvailable => b"55P03",
+            SqlState::PayloadMismatch => b"ID001",
+            SqlState::KeyMissingFromPayload => b"ID002",
+            SqlState::NotClaimed => b"ID003",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct IdemError {
+    pub state: SqlState,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+pub type Result<T> = std::result::Result<T, IdemError>;
+
+impl IdemError {
+    pub fn new(state: SqlState, message: impl Into<String>) -> Self {
+        IdemError { state, message: message.into(), detail: None, hint: None }
+    }
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+/// An argument that must not be NULL. Functions are not STRICT so that a NULL is refused
+/// loudly instead of silently turning the call into NULL (and the message into "processed").
+pub fn required<T>(value: Option<T>, name: &str) -> Result<T> {
+    value.ok_or_else(|| {
+        IdemError::new(SqlState::NullValueNotAllowed, format!("{name} must not be NULL"))
+    })
+}
+
+thread_local! {
+    static PENDING: RefCell<Option<IdemError>> = const { RefCell::new(None) };
+}
+
+/// Ends a pgrx-wrapped call: the value on success, NULL with the error stashed otherwise.
+pub fn finish<T>(result: Result<T>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(error) => {
+            PENDING.with(|p| *p.borrow_mut() = Some(error));
+            None
+        }
+    }
+}
+
+#[cfg_attr(target_os = "windows", link(name = "postgres"))]
+unsafe extern "C-unwind" {
+    fn errstart(elevel: c_int, domain: *const c_char) -> bool;
+    fn errcode(sqlerrcode: c_int) -> c_int;
+    fn errmsg(fmt: *const c_char, ...) -> c_int;
+    fn errdetail(fmt: *const c_char, ...) -> c_int;
+    fn errhint(fmt: *const c_char, ...) -> c_int;
+    fn errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
+}
+
+/// Raises the stashed error, if any. Called from a C entry point after the pgrx wrapper has
+/// returned: the only frame errfinish's longjmp skips is that entry point, which owns nothing.
+///
+/// # Safety
+/// Must be called from a function that holds no value with a destructor.
+#[inline]
+pub unsafe fn raise_pending() {
+    let Some(error) = PENDING.with(|p| p.borrow_mut().take()) else { return };
+    let sqlstate = encode_sqlstate(error.state.code());
+    let message = palloc_cstr(Some(error.message));
+    let detail = palloc_cstr(error.detail);
+    let hint = palloc_cstr(error.hint);
+    if errstart(pg_sys::PGERROR as c_int, std::ptr::null()) {
+        errcode(sqlstate);
+        errmsg(c"%s".as_ptr(), message);
+        if !detail.is_null() {
+            errdetail(c"%s".as_ptr(), detail);
+        }
+        if !hint.is_null() {
+            errhint(c"%s".as_ptr(), hint);
+        }
+        errfinish(c"idempotency".as_ptr(), 0, std::ptr::null());
+    }
+    unreachable!("errfinish returned from an ERROR");
+}
+
+/// PostgreSQL's MAKE_SQLSTATE: five characters packed six bits each.
+const fn encode_sqlstate(code: &[u8; 5]) -> c_int {
+    let mut packed = 0;
+    let mut i = 0;
+    while i < 5 {
+        packed |= (((code[i] as c_int) - ('0' as c_int)) & 0x3F) << (6 * i);
+        i += 1;
+    }
+    packed
+}
+
+/// Copies into the current memory context, which the error cleanup releases, so that no Rust
+/// allocation is alive when errfinish jumps away.
+fn palloc_cstr(text: Option<String>) -> *mut c_char {
+    let Some(text) = text else { return std::ptr::null_mut() };
+    let c = CString::new(text.replace('\0', "\\0")).expect("NUL bytes were replaced");
+    unsafe { pg_sys::pstrdup(c.as_ptr()) }
+}
+
+/// Declares the C entry point that SQL calls for a `#[pg_extern(sql = false)]` function: it
+/// runs pgrx's wrapper (argument conversion, panic and error guard) and then raises a stashed
+/// error with its own SQLSTATE.
+macro_rules! sqlstate_entry {
+    ($entry:ident, $finfo:ident, $wrapper:path) => {
+        #[no_mangle]
+        #[doc(hidden)]
+        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+            const V1: ::pgrx::pg_sys::Pg_finfo_record =
+                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            &V1
+        }
+
+        #[no_mangle]
+        #[doc(hidden)]
+        pub unsafe extern "C-unwind" fn $entry(
+            fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
+        ) -> ::pgrx::pg_sys::Datum {
+            let datum = $wrapper(fcinfo);
+            $crate::error::raise_pending();
+            datum
+        }
+    };
+}
+pub(crate) use sqlstate_entry;

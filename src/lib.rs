@@ -1,0 +1,25 @@
+//! idempotency: the Idempotent Receiver pattern as one call inside the consumer's own
+//! PostgreSQL transaction. One module per concept; the SQL surface is declared by hand in
+//! `sql/api.sql`, so that the contract a user reads is the contract the code implements.
+
+use pgrx::prelude::*;
+
+mod claim;
+mod digest;
+mod error;
+mod keys;
+mod plans;
+
+::pgrx::pg_module_magic!();
+
+extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
+extension_sql_file!("../sql/api.sql", name = "api", finalize);
+
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

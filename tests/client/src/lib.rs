@@ -1,0 +1,1 @@
+//! Client-driven tests live in tests/; this crate has no library code.
