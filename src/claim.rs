@@ -62,7 +62,7 @@ fn claim(
     wait: Wait,
     want_replay: bool,
 ) -> Result<Claim> {
-    let key = parse_key(key)?;
+    let key = parse_key(key, "key")?;
     let scope = Scope::parse(scope)?;
     let digest = scope.key_digest(key);
     let fingerprint = payload.as_ref().map(|p| fingerprint(&p.0));
@@ -143,7 +143,7 @@ fn abbreviate(key: &str) -> String {
 }
 
 fn store_result(key: Option<&str>, result: Option<JsonB>, scope: Option<&str>) -> Result<()> {
-    let key = parse_key(key)?;
+    let key = parse_key(key, "key")?;
     let scope = Scope::parse(scope)?;
     let result = required(result, "result")?;
     let args = [DatumWithOid::from(scope.key_digest(key)), DatumWithOid::from(result)];
@@ -162,7 +162,7 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
     let scope = Scope::parse(scope)?;
     let mut digests = Vec::with_capacity(keys.len());
     for (i, key) in keys.iter().enumerate() {
-        let key = parse_key(key).map_err(|e| IdemError { message: format!("keys[{}]: {}", i + 1, e.message), ..e })?;
+        let key = parse_key(key, "key").map_err(|e| IdemError { message: format!("keys[{}]: {}", i + 1, e.message), ..e })?;
         digests.push(scope.key_digest(key));
     }
     // The first position of each distinct digest is the one that may report "new".
@@ -237,7 +237,7 @@ sqlstate_entry!(idem_claim_many_entry, pg_finfo_idem_claim_many_entry, idem_clai
 
 #[pg_extern(sql = false)]
 fn idem_digest(key: Option<&str>, scope: Option<&str>) -> Option<Uuid> {
-    finish(parse_key(key).and_then(|k| Ok(Scope::parse(scope)?.key_digest(k))))
+    finish(parse_key(key, "key").and_then(|k| Ok(Scope::parse(scope)?.key_digest(k))))
 }
 sqlstate_entry!(idem_digest_entry, pg_finfo_idem_digest_entry, idem_digest_wrapper);
 

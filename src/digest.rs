@@ -39,10 +39,11 @@ impl<'a> Scope<'a> {
     }
 }
 
-pub fn parse_key(key: Option<&str>) -> Result<&str> {
-    let key = required(key, "key")?;
+/// A key argument (named `name` in messages): present and not empty.
+pub fn parse_key<'a>(key: Option<&'a str>, name: &str) -> Result<&'a str> {
+    let key = required(key, name)?;
     if key.is_empty() {
-        return Err(IdemError::new(SqlState::InvalidParameterValue, "key must not be empty")
+        return Err(IdemError::new(SqlState::InvalidParameterValue, format!("{name} must not be empty"))
             .hint("Build keys from the message's business identity, e.g. idem_key('order', order_id, 'paid')."));
     }
     Ok(key)

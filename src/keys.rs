@@ -42,7 +42,7 @@ fn business_key(parts: Option<Array<'_, &str>>) -> Result<String> {
 }
 
 fn child_key(parent: Option<&str>, position: Option<i32>) -> Result<String> {
-    let parent = parse_key(parent)?;
+    let parent = parse_key(parent, "parent")?;
     let position = required(position, "position")?;
     if position < 0 {
         return Err(IdemError::new(

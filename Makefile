@@ -1,0 +1,74 @@
+# The newcomer's contract: `make demo` and `make test` do all the set-up on a fresh
+# Debian 12 machine (as root), and skip in seconds whatever is already done.
+
+PG_MAJOR      ?= 15
+PG_CONFIG     ?= /usr/lib/postgresql/$(PG_MAJOR)/bin/pg_config
+PGRX_VERSION  := 0.18.1
+PGXS_TEST     := $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)/pgxs/src/test
+APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) postgresql-$(PG_MAJOR)-cron \
+                 postgresql-contrib libclang-dev sudo pkg-config
+# A throwaway cluster with pg_cron preloaded; everything that needs a server runs inside it.
+VIRTUALENV    := pg_virtualenv -v $(PG_MAJOR) -o shared_preload_libraries=pg_cron
+REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
+ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs/*.spec))))
+PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
+
+.PHONY: all deps install demo test regress pgrx-test client-test bench clean
+
+all: install
+
+# --- set-up ----------------------------------------------------------------------------
+deps: .make/apt .make/cargo-pgrx .make/pgrx-init
+
+.make/apt:
+	@mkdir -p .make
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing with apt: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@touch $@
+
+.make/cargo-pgrx:
+	@mkdir -p .make
+	@if ! cargo pgrx --version 2>/dev/null | grep -q ' $(PGRX_VERSION)$$'; then \
+	  cargo install cargo-pgrx --version $(PGRX_VERSION) --locked; \
+	fi
+	@touch $@
+
+# pgrx only needs to know the system pg_config; it must never download PostgreSQL.
+.make/pgrx-init: .make/apt .make/cargo-pgrx
+	@if ! grep -qs '^pg$(PG_MAJOR) *= *"$(PG_CONFIG)"' $${PGRX_HOME:-$$HOME/.pgrx}/config.toml; then \
+	  cargo pgrx init --pg$(PG_MAJOR) $(PG_CONFIG); \
+	fi
+	@touch $@
+
+# --- build and install -----------------------------------------------------------------
+install: deps
+	cargo pgrx install --release --pg-config $(PG_CONFIG)
+
+# --- the demo --------------------------------------------------------------------------
+demo: install
+	@if [ -n "$$DATABASE_URL" ]; then bash demo/demo.sh; else $(VIRTUALENV) bash demo/demo.sh; fi
+
+# --- tests -----------------------------------------------------------------------------
+test: regress client-test pgrx-test
+
+# pg_regress over pg_test/ and the client-driven tests, against one throwaway cluster.
+regress: install
+	$(VIRTUALENV) env PGXS_TEST="$(PGXS_TEST)" REGRESS_TESTS="$(REGRESS_TESTS)" \
+	  ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/run-in-cluster.sh
+
+client-test: regress
+
+# #[pg_test] functions run inside a cluster that cargo-pgrx starts as the postgres user.
+pgrx-test: deps
+	chown -R postgres $(CURDIR)/target 2>/dev/null || true
+	cargo pgrx test pg$(PG_MAJOR) --runas postgres --pgdata $(PGRX_TEST_DIR)
+
+bench: install
+	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off bash bench/run.sh; fi
+
+clean:
+	cargo clean
+	rm -rf .make results

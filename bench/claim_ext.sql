@@ -1,0 +1,1 @@
+SELECT idem_claim(gen_random_uuid()::text);

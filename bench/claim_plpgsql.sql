@@ -1,0 +1,1 @@
+SELECT plpgsql_claim(gen_random_uuid()::text);

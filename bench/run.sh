@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# Benchmark of the idempotency extension against a hand-written ledger table.
+#
+# Run by `make bench`:
+#   - with $DATABASE_URL set: against that server (needs a role that may CREATE DATABASE and
+#     CREATE EXTENSION idempotency, i.e. a superuser);
+#   - otherwise inside Debian's throwaway cluster:
+#       pg_virtualenv -v 15 -o shared_preload_libraries=pg_cron -o synchronous_commit=off bash bench/run.sh
+#     which sets PGHOST/PGPORT/PGUSER/PGPASSWORD, so plain psql/pgbench connect.
+#
+# Settings (environment):
+#   BENCH_SECONDS  seconds per contender per round      (default 10)
+#   BENCH_ROUNDS   rounds; the median tps is reported    (default 3)
+#   BENCH_CLIENTS  pgbench clients (= threads)           (default 2)
+#   BENCH_KEYS     keys retained for the size measurement (default 200000)
+#
+# The pgbench scripts are the files bench/claim_*.sql; the schema of the hand-written
+# contenders is bench/setup.sql. Targets are informational: the script exits 0 on MISS.
+set -euo pipefail
+
+BENCH_SECONDS=${BENCH_SECONDS:-10}
+BENCH_ROUNDS=${BENCH_ROUNDS:-3}
+BENCH_CLIENTS=${BENCH_CLIENTS:-2}
+BENCH_KEYS=${BENCH_KEYS:-200000}
+BATCH=500          # keys per idem_claim_many call in the throughput test (see claim_many.sql)
+FILL_BATCH=10000   # keys per statement when filling the tables for the size measurement
+BENCH_DBNAME=idem_bench
+
+for v in BENCH_SECONDS BENCH_ROUNDS BENCH_CLIENTS BENCH_KEYS; do
+  if ! [[ ${!v} =~ ^[1-9][0-9]*$ ]]; then
+    echo "bench: $v must be a positive integer, got '${!v}'" >&2
+    exit 2
+  fi
+done
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# --- connections -------------------------------------------------------------------------
+# ADMIN_DB: where CREATE/DROP DATABASE run; BENCH_DB: the benchmark database. Both are
+# passed to psql -d / pgbench as a database name or a connection string.
+if [ -n "${DATABASE_URL:-}" ]; then
+  ADMIN_DB=$DATABASE_URL
+  if [[ $DATABASE_URL =~ ^(postgres(ql)?://[^/?]*)(/[^?]*)?(\?.*)?$ ]]; then
+    BENCH_DB="${BASH_REMATCH[1]}/${BENCH_DBNAME}${BASH_REMATCH[4]}"
+  else
+    # keyword=value connection string: a later keyword overrides an earlier one.
+    BENCH_DB="$DATABASE_URL dbname=$BENCH_DBNAME"
+  fi
+  MODE='DATABASE_URL'
+else
+  ADMIN_DB=postgres
+  BENCH_DB=$BENCH_DBNAME
+  MODE='pg_virtualenv (throwaway cluster)'
+fi
+
+psql_admin() { psql -X -q -v ON_ERROR_STOP=1 -d "$ADMIN_DB" "$@"; }
+psql_bench() { psql -X -q -v ON_ERROR_STOP=1 -d "$BENCH_DB" "$@"; }
+# One value, unaligned, no headers.
+scalar() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$BENCH_DB" -c "$1"; }
+
+# --- database ----------------------------------------------------------------------------
+psql_admin -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $BENCH_DBNAME WITH (FORCE)"
+psql_admin -c "CREATE DATABASE $BENCH_DBNAME"
+psql_admin -c "ALTER DATABASE $BENCH_DBNAME SET synchronous_commit = off"
+psql_bench -c "CREATE EXTENSION idempotency"
+psql_bench -f "$HERE/setup.sql"
+
+PGBENCH_OPTS=(-n -M prepared -c "$BENCH_CLIENTS" -j "$BENCH_CLIENTS" -T "$BENCH_SECONDS")
+
+# --- header ------------------------------------------------------------------------------
+echo "== idempotency benchmark =="
+SETTINGS_ENV="BENCH_SECONDS=$BENCH_SECONDS BENCH_ROUNDS=$BENCH_ROUNDS BENCH_CLIENTS=$BENCH_CLIENTS BENCH_KEYS=$BENCH_KEYS"
+echo "invoked as:        $SETTINGS_ENV $0 $*"
+echo "mode:              $MODE"
+if [ -z "${DATABASE_URL:-}" ]; then
+  echo "reproduce with:    $SETTINGS_ENV make bench"
+  echo "                   (= $SETTINGS_ENV pg_virtualenv -v 15 -o shared_preload_libraries=pg_cron -o synchronous_commit=off bash bench/run.sh)"
+else
+  echo "reproduce with:    $SETTINGS_ENV DATABASE_URL=... make bench"
+fi
+echo "pgbench command:   pgbench ${PGBENCH_OPTS[*]} -f bench/<contender>.sql $BENCH_DBNAME"
+echo "server version:    $(scalar 'SHOW server_version')"
+echo "pgbench version:   $(pgbench --version)"
+echo "synchronous_commit: server $(psql -X -A -t -d "$ADMIN_DB" -c 'SHOW synchronous_commit'), in $BENCH_DBNAME $(scalar 'SHOW synchronous_commit')"
+echo "fsync:             $(scalar 'SHOW fsync')"
+echo "shared_preload_libraries: $(scalar 'SHOW shared_preload_libraries')"
+echo "max_wal_size:      $(scalar 'SHOW max_wal_size')"
+echo "shared_buffers:    $(scalar 'SHOW shared_buffers')"
+echo "clients/threads:   $BENCH_CLIENTS"
+echo "seconds per round: $BENCH_SECONDS"
+echo "rounds:            $BENCH_ROUNDS (contenders alternate within each round; median reported)"
+echo "keys for size:     $BENCH_KEYS (batches of $FILL_BATCH, random UUID text keys)"
+echo "machine:           $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+
+# --- throughput --------------------------------------------------------------------------
+CONTENDERS=(ext hand plpgsql many)
+declare -A SCRIPT=(
+  [ext]=claim_ext.sql
+  [hand]=claim_hand.sql
+  [plpgsql]=claim_plpgsql.sql
+  [many]=claim_many.sql
+)
+declare -A TPS=()   # contender -> space-separated tps of each round
+
+# Every contender starts from empty tables and a fresh checkpoint.
+reset_tables() {
+  psql_bench -c "TRUNCATE idempotency.ledger, hand_ledger, plpgsql_ledger" -c "CHECKPOINT"
+}
+
+# Runs one pgbench and prints its tps (excluding connection time).
+run_pgbench() {
+  local script=$1 out tps
+  if ! out=$(pgbench "${PGBENCH_OPTS[@]}" -f "$HERE/$script" "$BENCH_DB" 2>&1); then
+    echo "bench: pgbench failed for $script:" >&2
+    echo "$out" >&2
+    return 1
+  fi
+  tps=$(printf '%s\n' "$out" | sed -nE 's/^tps = ([0-9.]+) \((without initial connection time|excluding connections establishing)\).*/\1/p' | head -n1)
+  if [ -z "$tps" ]; then
+    tps=$(printf '%s\n' "$out" | sed -nE 's/^tps = ([0-9.]+).*/\1/p' | head -n1)
+  fi
+  if [ -z "$tps" ]; then
+    echo "bench: no tps line in pgbench output for $script:" >&2
+    echo "$out" >&2
+    return 1
+  fi
+  local failed
+  failed=$(printf '%s\n' "$out" | sed -nE 's/^number of failed transactions: ([0-9]+).*/\1/p' | head -n1)
+  if [ -n "$failed" ] && [ "$failed" != 0 ]; then
+    echo "bench: $failed failed transactions for $script:" >&2
+    echo "$out" >&2
+    return 1
+  fi
+  echo "$tps"
+}
+
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {
+  if (NR == 0) { print 0; exit }
+  if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2] + v[NR/2+1]) / 2 }'; }
+
+echo "-- throughput: tps per round --"
+for ((r = 1; r <= BENCH_ROUNDS; r++)); do
+  line="round $r:"
+  for c in "${CONTENDERS[@]}"; do
+    reset_tables
+    t=$(run_pgbench "${SCRIPT[$c]}")
+    TPS[$c]="${TPS[$c]:-} $t"
+    line+=$(printf '  %s %.0f' "$c" "$t")
+  done
+  echo "$line"
+done
+echo
+
+declare -A MED=()
+for c in "${CONTENDERS[@]}"; do
+  MED[$c]=$(echo "${TPS[$c]}" | median)
+done
+
+# --- bytes per retained key --------------------------------------------------------------
+echo "-- size: filling both tables with $BENCH_KEYS keys --"
+reset_tables
+{
+  left=$BENCH_KEYS
+  while [ "$left" -gt 0 ]; do
+    n=$(( left < FILL_BATCH ? left : FILL_BATCH ))
+    echo "SELECT count(*) FROM unnest(idem_claim_many(ARRAY(SELECT gen_random_uuid()::text FROM generate_series(1,$n))));"
+    echo "INSERT INTO hand_ledger (scope, key) SELECT 'default', gen_random_uuid()::text FROM generate_series(1,$n) ON CONFLICT DO NOTHING;"
+    left=$(( left - n ))
+  done
+} | psql_bench -o /dev/null -f -
+psql_bench -c "VACUUM idempotency.ledger" -c "VACUUM hand_ledger"
+
+# name|rows|total|heap|indexes
+size_row() {
+  scalar "SELECT '$2', count(*), pg_total_relation_size('$1'), pg_relation_size('$1'), pg_indexes_size('$1') FROM $1"
+}
+IFS='|' read -r _ EXT_ROWS EXT_TOTAL EXT_HEAP EXT_IDX <<<"$(size_row idempotency.ledger ledger)"
+IFS='|' read -r _ HAND_ROWS HAND_TOTAL HAND_HEAP HAND_IDX <<<"$(size_row hand_ledger hand)"
+
+awk -v er="$EXT_ROWS" -v et="$EXT_TOTAL" -v eh="$EXT_HEAP" -v ei="$EXT_IDX" \
+    -v hr="$HAND_ROWS" -v ht="$HAND_TOTAL" -v hh="$HAND_HEAP" -v hi="$HAND_IDX" 'BEGIN {
+  printf "%-20s %10s %14s %14s %14s %10s %10s %10s\n", "table", "rows", "total bytes", "heap bytes", "index bytes", "total/key", "heap/key", "index/key"
+  printf "%-20s %10d %14d %14d %14d %10.1f %10.1f %10.1f\n", "idempotency.ledger", er, et, eh, ei, et/er, eh/er, ei/er
+  printf "%-20s %10d %14d %14d %14d %10.1f %10.1f %10.1f\n", "hand_ledger", hr, ht, hh, hi, ht/hr, hh/hr, hi/hr
+}'
+echo
+
+# --- summary -----------------------------------------------------------------------------
+echo "== summary (median of $BENCH_ROUNDS round(s) x ${BENCH_SECONDS}s, $BENCH_CLIENTS clients) =="
+awk -v ext="${MED[ext]}" -v hand="${MED[hand]}" -v plp="${MED[plpgsql]}" -v many="${MED[many]}" \
+    -v batch="$BATCH" -v er="$EXT_ROWS" -v et="$EXT_TOTAL" -v hr="$HAND_ROWS" -v ht="$HAND_TOTAL" '
+function verdict(ok) { return ok ? "PASS" : "MISS" }
+BEGIN {
+  printf "%-26s %12s %7s   %s\n", "contender", "median tps", "ratio", "target"
+  r = ext / hand
+  printf "%-26s %12.0f %7.2f   %-42s %s\n", "idem_claim", ext, r, ">= 1.00 x hand INSERT ON CONFLICT", verdict(r >= 1.0)
+  printf "%-26s %12.0f %7.2f\n", "hand INSERT ON CONFLICT", hand, 1.0
+  printf "%-26s %12.0f %7.2f   %-42s %s\n", "plpgsql claim", plp, plp / hand, "idem_claim >= plpgsql", verdict(ext >= plp)
+  keys = many * batch
+  x = keys / ext
+  printf "%-26s %12.0f keys/s (%.0f tps)  %.1f x single idem_claim keys/s   target >= 10   %s\n", \
+         "idem_claim_many (" batch ")", keys, many, x, verdict(x >= 10)
+  bl = et / er; bh = ht / hr; br = bl / bh
+  printf "bytes per key: ledger %.1f, hand %.1f, ratio %.2f (target <= 0.70)   %s\n", bl, bh, br, verdict(br <= 0.70)
+  miss = (r < 1.0) + (ext < plp) + (x < 10) + (br > 0.70)
+  printf "targets: %d PASS, %d MISS%s\n", 4 - miss, miss, miss ? "   <-- MISS (informational; exit status stays 0)" : ""
+}'

@@ -1,0 +1,49 @@
+-- Safety: functions run with the caller's privileges (SECURITY INVOKER), every internal
+-- reference is schema-qualified, and the ledger is reachable only through GRANTs.
+
+SELECT p.proname, p.prosecdef AS security_definer
+FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
+JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
+ORDER BY 1;
+
+-- The extension's storage has a fixed schema; the functions are callable unqualified.
+SELECT extrelocatable FROM pg_extension WHERE extname = 'idempotency';
+
+-- A role without the GRANTs is refused (42501), not silently deduplicated.
+CREATE ROLE idem_stranger;
+SET ROLE idem_stranger;
+SELECT sqlstate_of($$SELECT idem_claim('stranger-1')$$);
+SELECT sqlstate_of($$SELECT idem_claim_many(ARRAY['stranger-1'])$$);
+RESET ROLE;
+
+-- The README's GRANTs are exactly what an application role needs.
+CREATE ROLE idem_app;
+GRANT USAGE ON SCHEMA idempotency TO idem_app;
+GRANT SELECT, INSERT, UPDATE ON idempotency.ledger TO idem_app;
+SET ROLE idem_app;
+SELECT idem_claim('app-1') AS first, idem_claim('app-1') AS duplicate;
+SELECT claimed FROM idem_claim_replay('app-1');
+SELECT idem_set_result('app-1', '{"ok": true}');
+SELECT idem_claim_many(ARRAY['app-1', 'app-2']) AS batch;
+-- It cannot delete processed keys: only retention (run by its owner) does that.
+SELECT sqlstate_of($$DELETE FROM idempotency.ledger$$);
+RESET ROLE;
+
+-- A look-alike object earlier on the search_path cannot redirect a claim: a "ledger"
+-- table and a rigged uuid "=" operator in a schema searched first are never used.
+CREATE SCHEMA trap;
+CREATE TABLE trap.ledger (key_digest uuid, scope_id int8, claimed_at timestamptz,
+                          fingerprint uuid, result jsonb);
+CREATE FUNCTION trap.always_equal(uuid, uuid) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+CREATE OPERATOR trap.= (LEFTARG = uuid, RIGHTARG = uuid, FUNCTION = trap.always_equal);
+SET search_path = trap, public;
+SELECT idem_claim('trap-1') AS claimed, idem_claim('trap-2') AS other_key_not_confused;
+SELECT claimed, result FROM idem_claim_replay('app-1');
+SELECT count(*) AS rows_in_trap FROM trap.ledger;
+RESET search_path;
+SELECT count(*) AS rows_in_ledger FROM idempotency.ledger
+WHERE key_digest IN (idem_digest('trap-1'), idem_digest('trap-2'));
+
+DROP OWNED BY idem_app, idem_stranger;
+DROP ROLE idem_app;
+DROP ROLE idem_stranger;
