@@ -13,7 +13,7 @@ REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs/*.spec))))
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
 
-.PHONY: all deps install demo test regress pgrx-test client-test bench clean
+.PHONY: all deps install demo test regress pgrx-test bench clean
 
 all: install
 
@@ -52,18 +52,17 @@ demo: install
 	@if [ -n "$$DATABASE_URL" ]; then bash demo/demo.sh; else $(VIRTUALENV) bash demo/demo.sh; fi
 
 # --- tests -----------------------------------------------------------------------------
-test: regress client-test pgrx-test
+# pgrx-test installs its own debug build system-wide, so it runs first and `regress`
+# reinstalls the release build.
+test: pgrx-test regress
 
 # pg_regress over pg_test/ and the client-driven tests, against one throwaway cluster.
 regress: install
 	$(VIRTUALENV) env PGXS_TEST="$(PGXS_TEST)" REGRESS_TESTS="$(REGRESS_TESTS)" \
 	  ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/run-in-cluster.sh
 
-client-test: regress
-
 # #[pg_test] functions run inside a cluster that cargo-pgrx starts as the postgres user.
 pgrx-test: deps
-	chown -R postgres $(CURDIR)/target 2>/dev/null || true
 	cargo pgrx test pg$(PG_MAJOR) --runas postgres --pgdata $(PGRX_TEST_DIR)
 
 bench: install

@@ -157,6 +157,19 @@ for c in "${CONTENDERS[@]}"; do
   MED[$c]=$(echo "${TPS[$c]}" | median)
 done
 
+# Paired view, less sensitive to load drift between rounds: the ratio within each round.
+paired() {  # paired NUM DEN [MULT] -> per-round NUM*MULT/DEN ratios, then their median
+  local -a n d; read -r -a n <<<"${TPS[$1]}"; read -r -a d <<<"${TPS[$2]}"
+  local i out=''
+  for i in "${!n[@]}"; do out+=" $(awk -v a="${n[$i]}" -v b="${d[$i]}" -v m="${3:-1}" 'BEGIN{printf "%.2f", a*m/b}')"; done
+  echo "per-round:${out}  median $(echo "$out" | median | xargs printf "%.2f")"
+}
+echo "paired ratios (same round), informational:"
+echo "  idem_claim / hand INSERT:       $(paired ext hand)"
+echo "  idem_claim / plpgsql claim:     $(paired ext plpgsql)"
+echo "  idem_claim_many keys / idem_claim keys: $(paired many ext $BATCH)"
+echo
+
 # --- bytes per retained key --------------------------------------------------------------
 echo "-- size: filling both tables with $BENCH_KEYS keys --"
 reset_tables
@@ -199,7 +212,7 @@ BEGIN {
   printf "%-26s %12.0f %7.2f   %-42s %s\n", "plpgsql claim", plp, plp / hand, "idem_claim >= plpgsql", verdict(ext >= plp)
   keys = many * batch
   x = keys / ext
-  printf "%-26s %12.0f keys/s (%.0f tps)  %.1f x single idem_claim keys/s   target >= 10   %s\n", \
+  printf "%-26s %12.0f keys/s (%.0f tps)  %.2f x single idem_claim keys/s   target >= 10   %s\n", \
          "idem_claim_many (" batch ")", keys, many, x, verdict(x >= 10)
   bl = et / er; bh = ht / hr; br = bl / bh
   printf "bytes per key: ledger %.1f, hand %.1f, ratio %.2f (target <= 0.70)   %s\n", bl, bh, br, verdict(br <= 0.70)

@@ -10,7 +10,7 @@ mod error;
 mod keys;
 mod plans;
 
-::pgrx::pg_module_magic!();
+::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 extension_sql_file!("../sql/api.sql", name = "api", finalize);
@@ -19,6 +19,7 @@ extension_sql_file!("../sql/api.sql", name = "api", finalize);
 pub mod pg_test {
     pub fn setup(_options: Vec<&str>) {}
 
+    #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
         vec![]
     }

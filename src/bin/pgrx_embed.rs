@@ -1,1 +1,0 @@
-fn main() { pgrx::pgrx_embed!() }
