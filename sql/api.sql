@@ -73,3 +73,56 @@ RETURNS uuid LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'idem_fingerprint_entry';
 COMMENT ON FUNCTION idem_fingerprint(jsonb) IS
   'The canonical fingerprint of a payload: key order, whitespace and trailing zeros of numbers do not change it.';
+
+-- Versioned writes -----------------------------------------------------------------------
+
+CREATE FUNCTION idem_versioned_update(target regclass, key jsonb, changes jsonb, version_column name DEFAULT 'version')
+RETURNS boolean LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'idem_versioned_update_entry';
+COMMENT ON FUNCTION idem_versioned_update(regclass, jsonb, jsonb, name) IS
+  'Updates the row found by key (the columns of a unique index) only when changes carries a newer version; true when a row changed.';
+
+CREATE FUNCTION idem_versioned_upsert(target regclass, "row" jsonb, version_column name DEFAULT 'version')
+RETURNS boolean LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'idem_versioned_upsert_entry';
+COMMENT ON FUNCTION idem_versioned_upsert(regclass, jsonb, name) IS
+  'Inserts the row, or updates it by primary key only when its version is newer; true when written.';
+
+CREATE FUNCTION idempotency.version_guard()
+RETURNS trigger LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_version_guard_trigger';
+COMMENT ON FUNCTION idempotency.version_guard() IS
+  'BEFORE UPDATE row trigger installed by idem_version_guard: skips an UPDATE whose version is not newer.';
+
+CREATE FUNCTION idem_version_guard(target regclass, version_column name DEFAULT 'version')
+RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'idem_version_guard_entry';
+COMMENT ON FUNCTION idem_version_guard(regclass, name) IS
+  'From now on every UPDATE of target, from any client, is a no-op unless it makes version_column newer. Calling it again replaces the guard.';
+
+CREATE FUNCTION idem_version_unguard(target regclass)
+RETURNS boolean LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
+                 WHERE tgrelid = target AND tgname = 'idem_version_guard') THEN
+    RETURN false;
+  END IF;
+  EXECUTE pg_catalog.format('DROP TRIGGER idem_version_guard ON %s', target);
+  RETURN true;
+END
+$$;
+COMMENT ON FUNCTION idem_version_unguard(regclass) IS
+  'Removes the version guard of target; false when it had none.';
+
+-- The tables whose UPDATEs are guarded, and by which column.
+CREATE VIEW idempotency.version_guards AS
+SELECT t.tgrelid::pg_catalog.regclass AS target,
+       pg_catalog.convert_from(pg_catalog.substring(t.tgargs, 1,
+           pg_catalog.position(t.tgargs, '\x00'::pg_catalog.bytea) - 1), 'UTF8')::pg_catalog.name AS version_column,
+       t.tgenabled <> 'D' AS enabled
+FROM pg_catalog.pg_trigger AS t
+WHERE t.tgname = 'idem_version_guard'
+  AND t.tgfoid = 'idempotency.version_guard()'::pg_catalog.regprocedure;
+COMMENT ON VIEW idempotency.version_guards IS 'Tables guarded by idem_version_guard and their version column.';

@@ -19,6 +19,16 @@ pub enum SqlState {
     InvalidParameterValue,
     /// 55P03: a no-wait claim met an uncommitted claim of the same key.
     LockNotAvailable,
+    /// 42703: a named column does not exist.
+    UndefinedColumn,
+    /// 42P10: the key columns match no unique index (or the table has no primary key).
+    InvalidColumnReference,
+    /// 42883: the version column's type has no ordering.
+    UndefinedFunction,
+    /// 42P01: the target table does not exist.
+    UndefinedTable,
+    /// 42809: the target is not a table (a view, a sequence, …).
+    WrongObjectType,
     /// ID001: the key was claimed before with a different payload.
     PayloadMismatch,
     /// ID002: the payload has no value at a path that makes up its key.
@@ -33,6 +43,11 @@ impl SqlState {
             SqlState::NullValueNotAllowed => b"22004",
             SqlState::InvalidParameterValue => b"22023",
             SqlState::LockNotAvailable => b"55P03",
+            SqlState::UndefinedColumn => b"42703",
+            SqlState::InvalidColumnReference => b"42P10",
+            SqlState::UndefinedFunction => b"42883",
+            SqlState::WrongObjectType => b"42809",
+            SqlState::UndefinedTable => b"42P01",
             SqlState::PayloadMismatch => b"ID001",
             SqlState::KeyMissingFromPayload => b"ID002",
             SqlState::NotClaimed => b"ID003",

@@ -9,6 +9,7 @@ mod digest;
 mod error;
 mod keys;
 mod plans;
+mod versioned;
 
 ::pgrx::pg_module_magic!(name, version);
 
