@@ -4,23 +4,26 @@
 
 -- Claims ---------------------------------------------------------------------------------
 
-CREATE FUNCTION idem_claim(key text, scope text DEFAULT 'default', payload jsonb DEFAULT NULL)
+CREATE FUNCTION idem_claim(key text, scope text DEFAULT 'default', payload jsonb DEFAULT NULL,
+    sent_at timestamptz DEFAULT NULL)
 RETURNS boolean LANGUAGE c VOLATILE PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'idem_claim_entry';
-COMMENT ON FUNCTION idem_claim(text, text, jsonb) IS
+COMMENT ON FUNCTION idem_claim(text, text, jsonb, timestamptz) IS
   'Claims (scope, key) in the current transaction: true the first time, false for every duplicate. Waits for a concurrent uncommitted claim of the same key.';
 
-CREATE FUNCTION idem_claim_nowait(key text, scope text DEFAULT 'default', payload jsonb DEFAULT NULL)
+CREATE FUNCTION idem_claim_nowait(key text, scope text DEFAULT 'default', payload jsonb DEFAULT NULL,
+    sent_at timestamptz DEFAULT NULL)
 RETURNS boolean LANGUAGE c VOLATILE PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'idem_claim_nowait_entry';
-COMMENT ON FUNCTION idem_claim_nowait(text, text, jsonb) IS
+COMMENT ON FUNCTION idem_claim_nowait(text, text, jsonb, timestamptz) IS
   'Like idem_claim, but raises 55P03 at once when another transaction holds an uncommitted claim of the key.';
 
-CREATE FUNCTION idem_claim_replay(key text, scope text DEFAULT 'default', payload jsonb DEFAULT NULL)
+CREATE FUNCTION idem_claim_replay(key text, scope text DEFAULT 'default', payload jsonb DEFAULT NULL,
+    sent_at timestamptz DEFAULT NULL)
 RETURNS TABLE (claimed boolean, first_claimed_at timestamptz, result jsonb)
 LANGUAGE c VOLATILE PARALLEL UNSAFE ROWS 1
 AS 'MODULE_PATHNAME', 'idem_claim_replay_entry';
-COMMENT ON FUNCTION idem_claim_replay(text, text, jsonb) IS
+COMMENT ON FUNCTION idem_claim_replay(text, text, jsonb, timestamptz) IS
   'Claims like idem_claim; a duplicate also gets the time of the first claim and the result it stored. Call it in FROM.';
 
 CREATE FUNCTION idem_set_result(key text, result jsonb, scope text DEFAULT 'default')
@@ -126,3 +129,11 @@ FROM pg_catalog.pg_trigger AS t
 WHERE t.tgname = 'idem_version_guard'
   AND t.tgfoid = 'idempotency.version_guard()'::pg_catalog.regprocedure;
 COMMENT ON VIEW idempotency.version_guards IS 'Tables guarded by idem_version_guard and their version column.';
+
+-- Retention setting ----------------------------------------------------------------------
+
+CREATE FUNCTION idem_default_retention()
+RETURNS interval LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'idem_default_retention_wrapper';
+COMMENT ON FUNCTION idem_default_retention() IS
+  'The retention of undeclared scopes: the setting idempotency.default_retention (7 days unless set).';

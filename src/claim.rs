@@ -13,6 +13,7 @@ use pgrx::JsonB;
 use crate::digest::{fingerprint, parse_key, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::plans::Statement;
+use crate::retention::check_late_replay;
 
 static INSERT_CLAIM: Statement = Statement {
     sql: "INSERT INTO idempotency.ledger (key_digest, scope_id, fingerprint) VALUES ($1, $2, $3) \
@@ -55,13 +56,16 @@ struct Claim {
     result: Option<JsonB>,
 }
 
-fn claim(
-    key: Option<&str>,
-    scope: Option<&str>,
+/// One delivery's arguments to a claim.
+struct Delivery<'a> {
+    key: Option<&'a str>,
+    scope: Option<&'a str>,
     payload: Option<JsonB>,
-    wait: Wait,
-    want_replay: bool,
-) -> Result<Claim> {
+    sent_at: Option<TimestampWithTimeZone>,
+}
+
+fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim> {
+    let Delivery { key, scope, payload, sent_at } = delivery;
     let key = parse_key(key, "key")?;
     let scope = Scope::parse(scope)?;
     let digest = scope.key_digest(key);
@@ -77,6 +81,9 @@ fn claim(
         Wait::NoWait => insert_without_waiting(&args, key)?,
     };
     if inserted {
+        if let Some(sent_at) = sent_at {
+            check_late_replay(&scope, sent_at)?;
+        }
         return Ok(Claim { claimed: true, claimed_at: Some(transaction_start()), result: None });
     }
     if fingerprint.is_none() && !want_replay {
@@ -121,10 +128,10 @@ fn insert_without_waiting(args: &[DatumWithOid<'_>], key: &str) -> Result<bool> 
         .catch_when(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| {
             Err(IdemError::new(
                 SqlState::LockNotAvailable,
-                format!("key \"{}\" is being claimed by another transaction", abbreviate(key)),
+                format!("could not claim key \"{}\" without waiting", abbreviate(key)),
             )
-            .detail("That transaction has not committed or rolled back yet.")
-            .hint("Requeue the message; if the other transaction commits, the redelivery is a duplicate."))
+            .detail("Another transaction holds an uncommitted claim of this key (or a lock the claim needs) and has not committed or rolled back yet.")
+            .hint("Requeue the message; if the other transaction commits its claim, the redelivery is a duplicate."))
         })
         .execute()
 }
@@ -193,14 +200,24 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
 }
 
 #[pg_extern(sql = false)]
-fn idem_claim(key: Option<&str>, scope: Option<&str>, payload: Option<JsonB>) -> Option<bool> {
-    finish(claim(key, scope, payload, Wait::Block, false).map(|c| c.claimed))
+fn idem_claim(
+    key: Option<&str>,
+    scope: Option<&str>,
+    payload: Option<JsonB>,
+    sent_at: Option<TimestampWithTimeZone>,
+) -> Option<bool> {
+    finish(claim(Delivery { key, scope, payload, sent_at }, Wait::Block, false).map(|c| c.claimed))
 }
 sqlstate_entry!(idem_claim_entry, pg_finfo_idem_claim_entry, idem_claim_wrapper);
 
 #[pg_extern(sql = false)]
-fn idem_claim_nowait(key: Option<&str>, scope: Option<&str>, payload: Option<JsonB>) -> Option<bool> {
-    finish(claim(key, scope, payload, Wait::NoWait, false).map(|c| c.claimed))
+fn idem_claim_nowait(
+    key: Option<&str>,
+    scope: Option<&str>,
+    payload: Option<JsonB>,
+    sent_at: Option<TimestampWithTimeZone>,
+) -> Option<bool> {
+    finish(claim(Delivery { key, scope, payload, sent_at }, Wait::NoWait, false).map(|c| c.claimed))
 }
 sqlstate_entry!(idem_claim_nowait_entry, pg_finfo_idem_claim_nowait_entry, idem_claim_nowait_wrapper);
 
@@ -209,6 +226,7 @@ fn idem_claim_replay(
     key: Option<&str>,
     scope: Option<&str>,
     payload: Option<JsonB>,
+    sent_at: Option<TimestampWithTimeZone>,
 ) -> TableIterator<
     'static,
     (
@@ -217,7 +235,7 @@ fn idem_claim_replay(
         name!(result, Option<JsonB>),
     ),
 > {
-    let row = finish(claim(key, scope, payload, Wait::Block, true))
+    let row = finish(claim(Delivery { key, scope, payload, sent_at }, Wait::Block, true))
         .map(|c| (Some(c.claimed), c.claimed_at, c.result));
     TableIterator::new(row)
 }

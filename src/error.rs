@@ -35,6 +35,9 @@ pub enum SqlState {
     KeyMissingFromPayload,
     /// ID003: a result was stored for a key that has no claim.
     NotClaimed,
+    /// ID004: a new claim for a message older than its scope's retention: its record may
+    /// already have been purged, so it may be a duplicate that can no longer be recognised.
+    LateReplay,
 }
 
 impl SqlState {
@@ -51,6 +54,7 @@ impl SqlState {
             SqlState::PayloadMismatch => b"ID001",
             SqlState::KeyMissingFromPayload => b"ID002",
             SqlState::NotClaimed => b"ID003",
+            SqlState::LateReplay => b"ID004",
         }
     }
 }
@@ -119,12 +123,23 @@ unsafe extern "C-unwind" {
 /// Must be called from a function that holds no value with a destructor.
 #[inline]
 pub unsafe fn raise_pending() {
-    let Some(error) = PENDING.with(|p| p.borrow_mut().take()) else { return };
-    let sqlstate = encode_sqlstate(error.state.code());
-    let message = palloc_cstr(Some(error.message));
-    let detail = palloc_cstr(error.detail);
-    let hint = palloc_cstr(error.hint);
-    if errstart(pg_sys::PGERROR as c_int, std::ptr::null()) {
+    if let Some(error) = PENDING.with(|p| p.borrow_mut().take()) {
+        emit(pg_sys::PGERROR as c_int, error);
+        unreachable!("errfinish returned from an ERROR");
+    }
+}
+
+/// Reports a WARNING with its own SQLSTATE; a warning returns, so it is safe anywhere.
+pub fn warn(warning: IdemError) {
+    unsafe { emit(pg_sys::WARNING as c_int, warning) }
+}
+
+unsafe fn emit(level: c_int, report: IdemError) {
+    let sqlstate = encode_sqlstate(report.state.code());
+    let message = palloc_cstr(Some(report.message));
+    let detail = palloc_cstr(report.detail);
+    let hint = palloc_cstr(report.hint);
+    if errstart(level, std::ptr::null()) {
         errcode(sqlstate);
         errmsg(c"%s".as_ptr(), message);
         if !detail.is_null() {
@@ -133,9 +148,8 @@ pub unsafe fn raise_pending() {
         if !hint.is_null() {
             errhint(c"%s".as_ptr(), hint);
         }
-        errfinish(c"idempotency".as_ptr(), 0, std::ptr::null());
+        errfinish(std::ptr::null(), 0, std::ptr::null());
     }
-    unreachable!("errfinish returned from an ERROR");
 }
 
 /// PostgreSQL's MAKE_SQLSTATE: five characters packed six bits each.

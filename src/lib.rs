@@ -9,12 +9,19 @@ mod digest;
 mod error;
 mod keys;
 mod plans;
+mod retention;
 mod versioned;
 
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
-extension_sql_file!("../sql/api.sql", name = "api", finalize);
+extension_sql_file!("../sql/api.sql", name = "api");
+extension_sql_file!("../sql/retention.sql", name = "retention", finalize);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    retention::define_settings();
+}
 
 #[cfg(test)]
 pub mod pg_test {

@@ -21,3 +21,6 @@ cargo test -p idempotency-client-tests -- --test-threads=1
 
 echo "== pg_dump and restore keep every processed key"
 bash tests/dump_restore.sh
+
+echo "== pg_cron runs the scheduled purge"
+bash tests/pg_cron.sh

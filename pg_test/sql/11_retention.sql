@@ -1,0 +1,102 @@
+-- Retention: a claim has to outlive every way its message can come back.
+-- retention = broker retention + DLQ retention + manual replay window + buffer.
+-- Too short and a replayed month-old message runs its side effects again with no error
+-- anywhere; no cleanup and the ledger grows forever.
+
+-- Undeclared scopes keep their claims for idempotency.default_retention (7 days).  The
+-- setting is known once the library is loaded (by any call), or from postgresql.conf.
+SELECT idem_default_retention();
+SHOW idempotency.default_retention;
+
+-- Declaring a scope from its broker's settings: an SQS queue keeping messages 4 days,
+-- its DLQ 14 days, replays done by hand within a week, and a day of buffer.
+SELECT scope, broker_retention, dlq_retention, replay_window, buffer, retention, late_replay
+FROM idem_declare_scope('orders', '4 days', '14 days', '7 days', '1 day');
+-- Kafka topic retention of 7 days, no DLQ, a 3-day replay window; warn on late replays.
+SELECT scope, retention, late_replay
+FROM idem_declare_scope('events', broker_retention => '7 days', replay_window => '3 days',
+                        buffer => '12 hours', late_replay => 'warn');
+SELECT * FROM idempotency.scope_retention ORDER BY scope;
+
+-- Bad declarations are refused with their SQLSTATE.
+SELECT sqlstate_of($$SELECT idem_declare_scope(NULL, '1 day')$$);
+SELECT sqlstate_of($$SELECT idem_declare_scope('x', NULL)$$);
+SELECT sqlstate_of($$SELECT idem_declare_scope('x', '-1 day')$$);
+SELECT sqlstate_of($$SELECT idem_declare_scope('x', '0', buffer => '0')$$);
+SELECT sqlstate_of($$SELECT idem_declare_scope('x', '1 day', late_replay => 'ignore')$$);
+SELECT sqlstate_of($$SELECT idem_declare_scope('', '1 day')$$);
+
+-- Claims of several ages in three scopes.  (Backdating claimed_at stands in for time
+-- passing; only the extension's owner may write the ledger like this.)
+CREATE FUNCTION claim_aged(scope text, age interval, n int) RETURNS void LANGUAGE sql AS $$
+  SELECT idem_claim(scope || ':' || age || ':' || i, scope) FROM generate_series(1, n) AS i;
+  UPDATE idempotency.ledger SET claimed_at = now() - age
+  WHERE key_digest IN (SELECT idem_digest(scope || ':' || age || ':' || i, scope) FROM generate_series(1, n) AS i);
+$$;
+TRUNCATE idempotency.ledger;
+SELECT claim_aged('orders', '1 day', 100), claim_aged('orders', '25 days', 100), claim_aged('orders', '27 days', 100),
+       claim_aged('events', '9 days', 100), claim_aged('events', '11 days', 100),
+       claim_aged('undeclared', '6 days', 100), claim_aged('undeclared', '8 days', 100);
+CREATE VIEW ages AS
+SELECT s.scope, extract(day FROM now() - l.claimed_at)::int AS age_days, count(*) AS claims
+FROM idempotency.ledger AS l
+JOIN (VALUES ('orders'), ('events'), ('undeclared')) AS s(scope) ON l.scope_id = idem_scope_id(s.scope)
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- The purge deletes exactly the claims older than their scope's retention, in batches.
+CALL idem_purge(batch_blocks => 1);
+SELECT * FROM ages;
+SELECT blocks_done = blocks AS complete, batches = blocks AS one_batch_per_block, deleted,
+       finished_at IS NOT NULL AS finished
+FROM idempotency.purge_runs ORDER BY run_id DESC LIMIT 1;
+
+-- A second purge finds nothing more to delete.
+CALL idem_purge();
+
+-- What a policy change does to claims already stored: retention is read at purge time,
+-- not stamped on claims.  Shortening it exposes older claims at the next purge;
+-- lengthening it protects every claim not purged yet.
+SELECT retention FROM idem_declare_scope('orders', '4 days', buffer => '1 day');
+CALL idem_purge();
+SELECT * FROM ages WHERE scope = 'orders';
+SELECT retention FROM idem_declare_scope('events', '30 days');
+CALL idem_purge();
+SELECT * FROM ages WHERE scope = 'events';
+
+-- The default applies to every undeclared scope, and to a scope whose declaration is forgotten.
+SET idempotency.default_retention = '5d';
+CALL idem_purge();
+SELECT * FROM ages WHERE scope = 'undeclared';
+SELECT idem_forget_scope('events') AS forgotten, idem_forget_scope('events') AS again;
+CALL idem_purge();
+SELECT * FROM ages WHERE scope = 'events';
+RESET idempotency.default_retention;
+
+SELECT sqlstate_of($$CALL idem_purge(0)$$);
+-- The purge commits between batches, so it must be called outside a transaction block.
+BEGIN;
+CALL idem_purge();
+ROLLBACK;
+
+-- The late-replay guard: a claim may pass the message's own time.  When that time is older
+-- than the scope's retention, its first delivery's claim may be purged already, so a new
+-- claim cannot be trusted: ID004 instead of silently processing the message again.
+SELECT sqlstate_of($$SELECT idem_claim('late-1', 'orders', NULL, now() - interval '6 days')$$);
+SELECT idem_claim('late-1', 'orders', NULL, now() - interval '4 days') AS within_retention;
+-- A duplicate is still recognised, however old: the guard only doubts new claims.
+SELECT idem_claim('late-1', 'orders', NULL, now() - interval '60 days') AS old_duplicate;
+-- Undeclared scopes use the default retention.
+SELECT sqlstate_of($$SELECT idem_claim('late-2', 'undeclared', NULL, now() - interval '8 days')$$);
+SELECT sqlstate_of($$SELECT * FROM idem_claim_replay('late-2', 'undeclared', NULL, now() - interval '8 days')$$);
+SELECT sqlstate_of($$SELECT idem_claim_nowait('late-2', 'undeclared', NULL, now() - interval '8 days')$$);
+-- A scope declared with late_replay => 'warn' processes the message and warns with ID004.
+SELECT scope FROM idem_declare_scope('audit', '1 day', late_replay => 'warn');
+\set VERBOSITY terse
+SELECT idem_claim('late-3', 'audit', NULL, now() - interval '3 days') AS processed_with_warning;
+-- A future or missing sent_at is never late.
+SELECT idem_claim('late-4', 'orders', NULL, now() + interval '1 hour') AS future,
+       idem_claim('late-5', 'orders', NULL, NULL) AS no_sent_at;
+
+-- Without pg_cron in this database, scheduling says what to install and configure.
+SELECT sqlstate_of($$SELECT idem_schedule_purge()$$);
+SELECT idem_unschedule_purge() AS nothing_to_unschedule;

@@ -1,0 +1,173 @@
+-- Retention: declared scopes, the batched purge and its pg_cron schedule.
+
+CREATE FUNCTION idem_declare_scope(
+    scope            text,
+    broker_retention interval,
+    dlq_retention    interval DEFAULT '0',
+    replay_window    interval DEFAULT '0',
+    buffer           interval DEFAULT '1 day',
+    late_replay      text     DEFAULT 'error')
+RETURNS idempotency.scopes
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  declared idempotency.scopes;
+  part record;
+BEGIN
+  IF scope IS NULL OR late_replay IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004',
+      MESSAGE = format('%s must not be NULL', CASE WHEN scope IS NULL THEN 'scope' ELSE 'late_replay' END);
+  END IF;
+  FOR part IN SELECT * FROM (VALUES ('broker_retention', broker_retention), ('dlq_retention', dlq_retention),
+                                    ('replay_window', replay_window), ('buffer', buffer)) AS p(name, value) LOOP
+    IF part.value IS NULL THEN
+      RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = format('%s must not be NULL', part.name),
+        HINT = 'Use ''0'' for a part that does not apply.';
+    END IF;
+    IF part.value < interval '0' THEN
+      RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must not be negative, not %s', part.name, part.value);
+    END IF;
+  END LOOP;
+  IF broker_retention + dlq_retention + replay_window + buffer <= interval '0' THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('retention of scope "%s" must be longer than zero', scope);
+  END IF;
+  IF late_replay NOT IN ('error', 'warn') THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = format('late_replay must be ''error'' or ''warn'', not %L', late_replay);
+  END IF;
+  INSERT INTO idempotency.scopes AS s
+         (scope, scope_id, broker_retention, dlq_retention, replay_window, buffer, late_replay)
+  VALUES (scope, @extschema@.idem_scope_id(scope), broker_retention, dlq_retention, replay_window, buffer, late_replay)
+  ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE
+     SET broker_retention = EXCLUDED.broker_retention, dlq_retention = EXCLUDED.dlq_retention,
+         replay_window = EXCLUDED.replay_window, buffer = EXCLUDED.buffer,
+         late_replay = EXCLUDED.late_replay, declared_at = now()
+  RETURNING s.* INTO declared;
+  RETURN declared;
+END
+$$;
+COMMENT ON FUNCTION idem_declare_scope(text, interval, interval, interval, interval, text) IS
+  'Declares (or redeclares) a scope''s retention as broker + DLQ retention + replay window + buffer, and what a late replay does.';
+
+CREATE FUNCTION idem_forget_scope(scope text)
+RETURNS boolean LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  WITH gone AS (DELETE FROM idempotency.scopes AS s WHERE s.scope = idem_forget_scope.scope RETURNING 1)
+  SELECT count(*) > 0 FROM gone;
+END;
+COMMENT ON FUNCTION idem_forget_scope(text) IS
+  'Removes a scope''s declaration; its claims then follow idempotency.default_retention.';
+
+-- Every scope's retention and where it comes from, with one row for all undeclared scopes.
+CREATE VIEW idempotency.scope_retention AS
+SELECT s.scope, s.broker_retention, s.dlq_retention, s.replay_window, s.buffer,
+       s.retention, s.late_replay, 'declared'::text AS source
+FROM idempotency.scopes AS s
+UNION ALL
+SELECT '(undeclared scopes)', NULL, NULL, NULL, NULL,
+       @extschema@.idem_default_retention(), 'error', 'idempotency.default_retention';
+COMMENT ON VIEW idempotency.scope_retention IS 'Each declared scope''s retention, its parts and total, and the default of undeclared scopes.';
+
+-- The purge walks the ledger's heap in ranges of blocks (a TID range scan), deleting the
+-- claims older than their scope's retention and committing after every range: short
+-- transactions, row locks only, no table rewrite and no index on claimed_at that every
+-- claim would have to maintain. A claim is expired when claimed_at < now() - retention at
+-- the time of its batch, so nothing inside its retention is ever deleted. Claims wait for
+-- nothing: a concurrent claim of an expired key waits for the batch, then claims it anew.
+CREATE PROCEDURE idem_purge(batch_blocks integer DEFAULT 256, INOUT deleted bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+  run bigint;
+  total_blocks bigint;
+  first_block bigint := 0;
+  removed bigint;
+BEGIN
+  IF batch_blocks IS NULL OR batch_blocks OPERATOR(pg_catalog.<) 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = pg_catalog.format('batch_blocks must be at least 1, not %s', COALESCE(batch_blocks::pg_catalog.text, 'NULL'));
+  END IF;
+  deleted := 0;
+  total_blocks := pg_catalog.pg_relation_size('idempotency.ledger'::pg_catalog.regclass)
+                  OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8;
+  INSERT INTO idempotency.purge_runs (blocks) VALUES (total_blocks) RETURNING run_id INTO run;
+  COMMIT;
+  WHILE first_block OPERATOR(pg_catalog.<) total_blocks LOOP
+    DELETE FROM idempotency.ledger AS l
+    WHERE l.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+      AND l.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', first_block OPERATOR(pg_catalog.+) batch_blocks)::pg_catalog.tid
+      AND l.claimed_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(
+            (SELECT s.retention FROM idempotency.scopes AS s WHERE s.scope_id OPERATOR(pg_catalog.=) l.scope_id),
+            @extschema@.idem_default_retention()));
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    deleted := deleted OPERATOR(pg_catalog.+) removed;
+    first_block := first_block OPERATOR(pg_catalog.+) batch_blocks;
+    UPDATE idempotency.purge_runs AS p
+       SET blocks_done = LEAST(first_block, total_blocks),
+           batches = p.batches OPERATOR(pg_catalog.+) 1, deleted = p.deleted OPERATOR(pg_catalog.+) removed
+     WHERE p.run_id OPERATOR(pg_catalog.=) run;
+    COMMIT;
+  END LOOP;
+  UPDATE idempotency.purge_runs AS p SET finished_at = pg_catalog.clock_timestamp()
+   WHERE p.run_id OPERATOR(pg_catalog.=) run;
+  -- The history keeps a month of runs.
+  DELETE FROM idempotency.purge_runs AS p
+   WHERE p.finished_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) '30 days'::pg_catalog.interval);
+  COMMIT;
+END
+$$;
+COMMENT ON PROCEDURE idem_purge(integer, bigint) IS
+  'Deletes expired claims in batches of batch_blocks heap blocks, committing after each; CALL it outside a transaction block. Progress: idempotency.purge_runs.';
+
+-- pg_cron: one job per database, under a stable name, so scheduling twice keeps one job.
+CREATE FUNCTION idem_schedule_purge(schedule text DEFAULT '*/10 * * * *')
+RETURNS bigint LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  job_name text := 'idempotency-purge:' || current_database();
+  command text := format('CALL %I.idem_purge()', '@extschema@');
+  job bigint;
+BEGIN
+  IF schedule IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'schedule must not be NULL';
+  END IF;
+  IF to_regprocedure('cron.schedule_in_database(text,text,text,text,text,boolean)') IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '55000',
+      MESSAGE = 'pg_cron is not available in this database',
+      DETAIL = 'idem_schedule_purge registers the purge as a pg_cron job, and pg_cron (1.4 or later) is not installed here.',
+      HINT = format('Install it (apt-get install postgresql-%s-cron), set shared_preload_libraries = ''pg_cron'' '
+                    'and cron.database_name = %L in postgresql.conf, restart, then CREATE EXTENSION pg_cron. '
+                    'If pg_cron lives in another database, run there: SELECT cron.schedule_in_database(%L, %L, %L, %L);',
+                    current_setting('server_version_num')::int / 10000, current_database(),
+                    job_name, schedule, command, current_database());
+  END IF;
+  EXECUTE 'SELECT cron.schedule_in_database($1, $2, $3, $4)' INTO job
+    USING job_name, schedule, command, current_database();
+  RETURN job;
+END
+$$;
+COMMENT ON FUNCTION idem_schedule_purge(text) IS
+  'Schedules CALL idem_purge() with pg_cron under the job name idempotency-purge:<database>; calling it again replaces the schedule.';
+
+CREATE FUNCTION idem_unschedule_purge()
+RETURNS boolean LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  job_name text := 'idempotency-purge:' || current_database();
+  found boolean;
+BEGIN
+  IF to_regclass('cron.job') IS NULL THEN
+    RETURN false;
+  END IF;
+  EXECUTE 'SELECT EXISTS (SELECT FROM cron.job WHERE jobname = $1)' INTO found USING job_name;
+  IF found THEN
+    EXECUTE 'SELECT cron.unschedule($1::text)' USING job_name;
+  END IF;
+  RETURN found;
+END
+$$;
+COMMENT ON FUNCTION idem_unschedule_purge() IS 'Removes the purge job of this database; false when there was none.';
