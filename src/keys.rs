@@ -119,3 +119,27 @@ fn idem_key_from(payload: Option<pgrx::JsonB>, paths: Option<Array<'_, &str>>) -
     crate::error::finish(payload_key(payload, paths))
 }
 sqlstate_entry!(idem_key_from_entry, pg_finfo_idem_key_from_entry, idem_key_from_wrapper);
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+
+    fn key(parts: &[&str]) -> String {
+        join_parts(parts.iter().map(|p| Ok(std::borrow::Cow::Borrowed(*p)))).unwrap()
+    }
+
+    #[pg_test]
+    fn part_boundaries_never_collide() {
+        assert_ne!(key(&["a|b", "c"]), key(&["a", "b|c"]));
+        assert_ne!(key(&["a\\", "b"]), key(&["a", "\\b"]));
+        assert_ne!(key(&["a", ""]), key(&["a"]));
+        assert_eq!(key(&["order", "42", "paid"]), "order|42|paid");
+    }
+
+    #[pg_test]
+    fn child_keys_put_the_position_last() {
+        assert_eq!(child_key(Some("m#1"), Some(2)).unwrap(), "m#1#2");
+        assert_eq!(child_key(Some("m"), Some(-1)).unwrap_err().state, SqlState::InvalidParameterValue);
+    }
+}

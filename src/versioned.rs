@@ -93,29 +93,39 @@ impl Table {
 
     /// The "newer than" operator of the version column, qualified by its own schema.
     pub fn version_order(&self, column: &str) -> Result<String> {
-        let typid = self.column(column)?;
-        let lt = unsafe { (*pg_sys::lookup_type_cache(typid, pg_sys::TYPECACHE_LT_OPR as i32)).lt_opr };
-        if lt == pg_sys::InvalidOid {
-            return Err(IdemError::new(
-                SqlState::UndefinedFunction,
-                format!("version column \"{column}\" of {} has a type without ordering", self.name),
-            )
-            .hint("Use an integer, numeric or timestamptz version."));
-        }
-        Ok(operator_name(lt))
+        self.operator(column, Operator::Less).map_err(|e| e.hint("Use an integer, numeric or timestamptz version."))
     }
 
     fn equality(&self, column: &str) -> Result<String> {
+        self.operator(column, Operator::Equal)
+    }
+
+    /// The column type's default btree operator, from the type cache.
+    fn operator(&self, column: &str, wanted: Operator) -> Result<String> {
         let typid = self.column(column)?;
-        let eq = unsafe { (*pg_sys::lookup_type_cache(typid, pg_sys::TYPECACHE_EQ_OPR as i32)).eq_opr };
-        if eq == pg_sys::InvalidOid {
+        let (flag, role, missing) = match wanted {
+            Operator::Less => (pg_sys::TYPECACHE_LT_OPR, "version", "ordering"),
+            Operator::Equal => (pg_sys::TYPECACHE_EQ_OPR, "key", "equality"),
+        };
+        let entry = unsafe { &*pg_sys::lookup_type_cache(typid, flag as i32) };
+        let oid = match wanted {
+            Operator::Less => entry.lt_opr,
+            Operator::Equal => entry.eq_opr,
+        };
+        if oid == pg_sys::InvalidOid {
             return Err(IdemError::new(
                 SqlState::UndefinedFunction,
-                format!("key column \"{column}\" of {} has a type without equality", self.name),
+                format!("{role} column \"{column}\" of {} has a type without {missing}", self.name),
             ));
         }
-        Ok(operator_name(eq))
+        Ok(operator_name(oid))
     }
+}
+
+#[derive(Clone, Copy)]
+enum Operator {
+    Less,
+    Equal,
 }
 
 fn operator_name(oid: pg_sys::Oid) -> String {
@@ -407,3 +417,25 @@ fn idem_version_guard(target: Option<pg_sys::Oid>, version_column: Option<&CStr>
     finish(name_arg(version_column).and_then(|v| install_guard(target, v)));
 }
 sqlstate_entry!(idem_version_guard_entry, pg_finfo_idem_version_guard_entry, idem_version_guard_wrapper);
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+
+    #[pg_test]
+    fn identifiers_are_always_quoted() {
+        assert_eq!(quote_ident("version"), "\"version\"");
+        assert_eq!(quote_ident("a\"; DROP TABLE t; --"), "\"a\"\"; DROP TABLE t; --\"");
+    }
+
+    #[pg_test]
+    fn a_view_is_not_a_target() {
+        Spi::run("CREATE TABLE t (id int PRIMARY KEY, version int); CREATE VIEW v AS SELECT * FROM t").unwrap();
+        let view = Spi::get_one::<pg_sys::Oid>("SELECT 'v'::regclass::oid").unwrap();
+        let error = Table::load(view).err().expect("a view is refused");
+        assert_eq!(error.state, SqlState::WrongObjectType);
+        let table = Table::load(Spi::get_one::<pg_sys::Oid>("SELECT 't'::regclass::oid").unwrap()).unwrap();
+        assert_eq!(table.column("nope").unwrap_err().state, SqlState::UndefinedColumn);
+    }
+}
