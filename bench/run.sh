@@ -14,8 +14,8 @@
 #   BENCH_CLIENTS  pgbench clients (= threads)           (default 2)
 #   BENCH_KEYS     keys retained for the size measurement (default 200000)
 #
-# The pgbench scripts are the files bench/claim_*.sql; the schema of the hand-written
-# contenders is bench/setup.sql. Targets are informational: the script exits 0 on MISS.
+# The pgbench scripts are the files bench/claim_*.sql and bench/vupdate_*.sql; the schema of
+# the hand-written contenders is bench/setup.sql. Targets are informational: the script exits 0 on MISS.
 set -euo pipefail
 
 BENCH_SECONDS=${BENCH_SECONDS:-10}
@@ -24,6 +24,7 @@ BENCH_CLIENTS=${BENCH_CLIENTS:-2}
 BENCH_KEYS=${BENCH_KEYS:-200000}
 BATCH=500          # keys per idem_claim_many call in the throughput test (see claim_many.sql)
 FILL_BATCH=10000   # keys per statement when filling the tables for the size measurement
+VM_ROWS=10000      # rows of vm_hand / vm_ext for the versioned-update contenders (see vupdate_*.sql)
 BENCH_DBNAME=idem_bench
 
 for v in BENCH_SECONDS BENCH_ROUNDS BENCH_CLIENTS BENCH_KEYS; do
@@ -94,18 +95,37 @@ echo "machine:           $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/lo
 echo
 
 # --- throughput --------------------------------------------------------------------------
-CONTENDERS=(ext hand plpgsql many)
+CONTENDERS=(ext hand plpgsql many vupdate_hand vupdate_ext)
 declare -A SCRIPT=(
   [ext]=claim_ext.sql
   [hand]=claim_hand.sql
   [plpgsql]=claim_plpgsql.sql
   [many]=claim_many.sql
+  [vupdate_hand]=vupdate_hand.sql
+  [vupdate_ext]=vupdate_ext.sql
 )
 declare -A TPS=()   # contender -> space-separated tps of each round
 
-# Every contender starts from empty tables and a fresh checkpoint.
+# Every contender starts from empty ledgers, the two versioned-update tables refilled with
+# VM_ROWS rows at version 0 (both identically, so neither contender meets more stale
+# versions or more dead tuples than the other), and a fresh checkpoint.
 reset_tables() {
-  psql_bench -c "TRUNCATE idempotency.ledger, hand_ledger, plpgsql_ledger" -c "CHECKPOINT"
+  psql_bench -c "TRUNCATE idempotency.ledger, hand_ledger, plpgsql_ledger, vm_hand, vm_ext" \
+    -c "INSERT INTO vm_hand (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, $VM_ROWS) AS g" \
+    -c "INSERT INTO vm_ext (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, $VM_ROWS) AS g" \
+    -c "VACUUM ANALYZE vm_hand, vm_ext" -c "CHECKPOINT"
+}
+
+# After a versioned-update contender: its table must hold only consistent rows (status
+# 's' || version, as both scripts write them) and some writes must have landed; a contender
+# that silently wrote nothing (or wrote wrong rows) must not produce a tps figure.
+check_versioned() {  # check_versioned TABLE
+  local written consistent
+  IFS='|' read -r written consistent <<<"$(scalar "SELECT count(*) FILTER (WHERE version > 0), bool_and(status = 's' || version) FROM $1")"
+  if [ "$consistent" != t ] || [ "$written" -eq 0 ]; then
+    echo "bench: $1 after its run: $written rows written, rows consistent: $consistent" >&2
+    return 1
+  fi
 }
 
 # Runs one pgbench and prints its tps (excluding connection time).
@@ -145,6 +165,10 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
   for c in "${CONTENDERS[@]}"; do
     reset_tables
     t=$(run_pgbench "${SCRIPT[$c]}")
+    case $c in
+      vupdate_hand) check_versioned vm_hand ;;
+      vupdate_ext) check_versioned vm_ext ;;
+    esac
     TPS[$c]="${TPS[$c]:-} $t"
     line+=$(printf '  %s %.0f' "$c" "$t")
   done
@@ -168,6 +192,7 @@ echo "paired ratios (same round), informational:"
 echo "  idem_claim / hand INSERT:       $(paired ext hand)"
 echo "  idem_claim / plpgsql claim:     $(paired ext plpgsql)"
 echo "  idem_claim_many keys / idem_claim keys: $(paired many ext $BATCH)"
+echo "  idem_versioned_update / hand conditional UPDATE: $(paired vupdate_ext vupdate_hand)"
 echo
 
 # --- bytes per retained key --------------------------------------------------------------
@@ -202,6 +227,7 @@ echo
 # --- summary -----------------------------------------------------------------------------
 echo "== summary (median of $BENCH_ROUNDS round(s) x ${BENCH_SECONDS}s, $BENCH_CLIENTS clients) =="
 awk -v ext="${MED[ext]}" -v hand="${MED[hand]}" -v plp="${MED[plpgsql]}" -v many="${MED[many]}" \
+    -v vext="${MED[vupdate_ext]}" -v vhand="${MED[vupdate_hand]}" \
     -v batch="$BATCH" -v er="$EXT_ROWS" -v et="$EXT_TOTAL" -v hr="$HAND_ROWS" -v ht="$HAND_TOTAL" '
 function verdict(ok) { return ok ? "PASS" : "MISS" }
 BEGIN {
@@ -214,8 +240,11 @@ BEGIN {
   x = keys / ext
   printf "%-26s %12.0f keys/s (%.0f tps)  %.2f x single idem_claim keys/s   target >= 10   %s\n", \
          "idem_claim_many (" batch ")", keys, many, x, verdict(x >= 10)
+  vr = vext / vhand
+  printf "%-26s %12.0f %7.2f   %-42s %s\n", "idem_versioned_update", vext, vr, ">= 0.90 x hand conditional UPDATE", verdict(vr >= 0.90)
+  printf "%-26s %12.0f %7.2f\n", "hand conditional UPDATE", vhand, 1.0
   bl = et / er; bh = ht / hr; br = bl / bh
   printf "bytes per key: ledger %.1f, hand %.1f, ratio %.2f (target <= 0.70)   %s\n", bl, bh, br, verdict(br <= 0.70)
-  miss = (r < 1.0) + (ext < plp) + (x < 10) + (br > 0.70)
-  printf "targets: %d PASS, %d MISS%s\n", 4 - miss, miss, miss ? "   <-- MISS (informational; exit status stays 0)" : ""
+  miss = (r < 1.0) + (ext < plp) + (x < 10) + (br > 0.70) + (vr < 0.90)
+  printf "targets: %d PASS, %d MISS%s\n", 5 - miss, miss, miss ? "   <-- MISS (informational; exit status stays 0)" : ""
 }'

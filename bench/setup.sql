@@ -23,3 +23,18 @@ BEGIN
     RETURN FOUND;
 END
 $$;
+
+-- Versioned writes: "vupdate_hand" is the conditional UPDATE an application would write,
+-- "vupdate_ext" the same write through idem_versioned_update, each over its own identical
+-- table so they do not interfere. bench/run.sh fills both with VM_ROWS rows at version 0
+-- before every contender (see reset_tables), so both always start from the same state.
+CREATE TABLE vm_hand (
+    id      int    PRIMARY KEY,
+    status  text   NOT NULL,
+    version bigint NOT NULL
+);
+CREATE TABLE vm_ext (
+    id      int    PRIMARY KEY,
+    status  text   NOT NULL,
+    version bigint NOT NULL
+);

@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 mod claim;
 mod digest;
 mod error;
+mod jsonb;
 mod keys;
 mod plans;
 mod retention;

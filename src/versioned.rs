@@ -1,11 +1,12 @@
 //! Versioned writes: a write lands only when its version is newer than the stored one, which
 //! settles duplicates, out-of-order delivery and concurrent writers without any ledger.
 //!
-//! The statements are generated from the catalog, with every identifier quoted and every
-//! value passed as one jsonb parameter that PostgreSQL coerces with jsonb_populate_record,
-//! so nothing in a key, a change or a column name can inject SQL. Each (table, column set)
-//! is prepared once per backend; any relcache invalidation of the table (ALTER TABLE,
-//! RENAME, CREATE/DROP INDEX) drops its plans, so they are rebuilt from the new catalog.
+//! The statements are generated from the catalog with every identifier quoted, and the key
+//! and changes stay jsonb parameters whose members PostgreSQL coerces with each column's
+//! own input rules, so nothing in a key, a change or a column name can inject SQL. Each
+//! (table, column set) is prepared once per backend; any relcache invalidation of the table
+//! (ALTER TABLE, RENAME, CREATE/DROP INDEX) drops its plans, so they are rebuilt from the
+//! new catalog.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -13,13 +14,13 @@ use std::ffi::CStr;
 use std::rc::Rc;
 
 use pgrx::datum::DatumWithOid;
+use pgrx::fcinfo::{pg_getarg, pg_getarg_datum};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::OwnedPreparedStatement;
-use pgrx::JsonB;
-use serde_json::{Map, Value};
 
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
+use crate::jsonb::{object_members, Member};
 use crate::plans::{execute, prepare, Statement};
 
 static RELATION: Statement = Statement {
@@ -30,8 +31,22 @@ static RELATION: Statement = Statement {
     args: &[pg_sys::OIDOID],
 };
 
+/// Each column with its type, the type's qualified name, and how a jsonb member becomes a
+/// value of it: jsonb and json keep the JSON; arrays and composites go through
+/// jsonb_populate_record, which understands JSON arrays and objects; everything else is
+/// the member's text through the type's input function.
 static COLUMNS: Statement = Statement {
-    sql: "SELECT a.attname::text, a.atttypid FROM pg_catalog.pg_attribute a \
+    sql: "SELECT a.attname::text, a.atttypid, \
+                 pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname), \
+                 CASE WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype THEN 'jsonb' \
+                      WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.json'::pg_catalog.regtype THEN 'json' \
+                      WHEN b.typcategory OPERATOR(pg_catalog.=) 'A' OR b.typtype OPERATOR(pg_catalog.=) 'c' THEN 'record' \
+                      ELSE 'text' END \
+          FROM pg_catalog.pg_attribute a \
+          JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid \
+          JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace \
+          JOIN pg_catalog.pg_type b ON b.oid OPERATOR(pg_catalog.=) \
+               (CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd' THEN t.typbasetype ELSE t.oid END) \
           WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped",
     args: &[pg_sys::OIDOID],
 };
@@ -54,11 +69,17 @@ static OPERATOR_NAME: Statement = Statement {
     args: &[pg_sys::OIDOID],
 };
 
+struct Column {
+    type_oid: pg_sys::Oid,
+    type_name: String,
+    conversion: String,
+}
+
 /// A table a versioned write may target, read from the catalog.
 pub struct Table {
     pub oid: pg_sys::Oid,
     pub name: String,
-    columns: HashMap<String, pg_sys::Oid>,
+    columns: HashMap<String, Column>,
 }
 
 impl Table {
@@ -74,14 +95,43 @@ impl Table {
                 .hint("Target the table the view reads from."));
         }
         let columns = COLUMNS.run(&[DatumWithOid::from(oid)], |t| {
-            t.filter_map(|row| Some((row.get::<String>(1).ok()??, row.get::<pg_sys::Oid>(2).ok()??))).collect()
+            t.filter_map(|row| {
+                let column = Column {
+                    type_oid: row.get::<pg_sys::Oid>(2).ok()??,
+                    type_name: row.get::<String>(3).ok()??,
+                    conversion: row.get::<String>(4).ok()??,
+                };
+                Some((row.get::<String>(1).ok()??, column))
+            })
+            .collect()
         });
         Ok(Table { oid, name, columns })
     }
 
-    pub fn column(&self, column: &str) -> Result<pg_sys::Oid> {
-        self.columns.get(column).copied().ok_or_else(|| {
+    fn get(&self, column: &str) -> Result<&Column> {
+        self.columns.get(column).ok_or_else(|| {
             IdemError::new(SqlState::UndefinedColumn, format!("column \"{column}\" of {} does not exist", self.name))
+        })
+    }
+
+    pub fn column(&self, column: &str) -> Result<pg_sys::Oid> {
+        self.get(column).map(|c| c.type_oid)
+    }
+
+    /// The SQL expression that turns member `column` of jsonb parameter `param` into a value
+    /// of the column's type, by that type's own rules.
+    fn value_of(&self, param: &str, column: &str) -> Result<String> {
+        let c = self.get(column)?;
+        let member = quote_literal(column);
+        Ok(match c.conversion.as_str() {
+            "jsonb" => format!("({param} OPERATOR(pg_catalog.->) {member})"),
+            "json" => format!("({param} OPERATOR(pg_catalog.->) {member})::pg_catalog.json"),
+            "record" => format!(
+                "(pg_catalog.jsonb_populate_record(NULL::{table}, pg_catalog.jsonb_build_object({member}, {param} OPERATOR(pg_catalog.->) {member}))).{col}",
+                table = self.name,
+                col = quote_ident(column)
+            ),
+            _ => format!("({param} OPERATOR(pg_catalog.->>) {member})::{}", c.type_name),
         })
     }
 
@@ -138,21 +188,18 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-#[derive(Clone, PartialEq, Eq, Hash)]
-enum Shape {
-    Update { key: Vec<String>, changes: Vec<String> },
-    Upsert { columns: Vec<String> },
-}
-
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct PlanKey {
-    table: pg_sys::Oid,
-    version: String,
-    shape: Shape,
+/// A string literal that means the same whatever standard_conforming_strings says.
+fn quote_literal(text: &str) -> String {
+    let quoted = text.replace('\'', "''");
+    if quoted.contains('\\') {
+        format!("E'{}'", quoted.replace('\\', "\\\\"))
+    } else {
+        format!("'{quoted}'")
+    }
 }
 
 thread_local! {
-    static PLANS: RefCell<HashMap<PlanKey, Rc<OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<(pg_sys::Oid, String), Rc<OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -161,166 +208,176 @@ unsafe extern "C-unwind" fn forget_plans(_arg: pg_sys::Datum, relid: pg_sys::Oid
     // Plans are dropped after the borrow ends: freeing one must not find the map borrowed.
     let dropped: Vec<Rc<OwnedPreparedStatement>> = PLANS.with(|p| {
         let mut plans = p.borrow_mut();
-        let stale: Vec<PlanKey> =
-            plans.keys().filter(|k| relid == pg_sys::InvalidOid || k.table == relid).cloned().collect();
+        let stale: Vec<_> = plans.keys().filter(|k| relid == pg_sys::InvalidOid || k.0 == relid).cloned().collect();
         stale.iter().filter_map(|k| plans.remove(k)).collect()
     });
     drop(dropped);
 }
 
-fn cached_plan(key: PlanKey, build: impl FnOnce() -> Result<String>) -> Result<Rc<OwnedPreparedStatement>> {
+/// The plan for a statement shape: its table, and a signature naming the operation, the
+/// version column and the column sets.
+fn cached_plan(
+    table: pg_sys::Oid,
+    signature: String,
+    args: &[pg_sys::Oid],
+    build: impl FnOnce() -> Result<String>,
+) -> Result<Rc<OwnedPreparedStatement>> {
     if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_plans), pg_sys::Datum::from(0)) };
     }
+    let key = (table, signature);
     if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).cloned()) {
         return Ok(plan);
     }
-    let plan = Rc::new(prepare(&build()?, &[pg_sys::JSONBOID]));
+    let plan = Rc::new(prepare(&build()?, args));
     PLANS.with(|p| p.borrow_mut().insert(key, plan.clone()));
     Ok(plan)
 }
 
-fn object(value: Option<JsonB>, name: &str) -> Result<Map<String, Value>> {
-    match required(value, name)?.0 {
-        Value::Object(map) => Ok(map),
-        _ => Err(IdemError::new(SqlState::InvalidParameterValue, format!("{name} must be a JSON object"))),
+fn signature(operation: &str, version: &str, sets: &[&[Member<'_>]]) -> String {
+    let mut signature = format!("{operation}\u{1}{version}");
+    for set in sets {
+        signature.push('\u{1}');
+        for member in *set {
+            signature.push_str(member.name);
+            signature.push('\u{0}');
+        }
     }
+    signature
 }
 
 /// The version must be present and not NULL; when it is absent because the column does not
 /// exist at all, that is the error worth reporting.
-fn version_value(target: Option<pg_sys::Oid>, row: &Map<String, Value>, version: &str, within: &str) -> Result<()> {
-    match row.get(version) {
-        None => Err(Table::load(target)?.column(version).err().unwrap_or_else(|| IdemError::new(
-            SqlState::InvalidParameterValue,
-            format!("{within} must hold the version column \"{version}\""),
-        ))),
-        Some(Value::Null) => Err(IdemError::new(SqlState::NullValueNotAllowed, format!("version \"{version}\" must not be NULL"))),
+fn version_value(target: Option<pg_sys::Oid>, members: &[Member<'_>], version: &str, within: &str) -> Result<()> {
+    match members.iter().find(|m| m.name == version) {
+        None => Err(Table::load(target)?.column(version).err().unwrap_or_else(|| {
+            IdemError::new(SqlState::InvalidParameterValue, format!("{within} must hold the version column \"{version}\""))
+        })),
+        Some(m) if m.is_null => {
+            Err(IdemError::new(SqlState::NullValueNotAllowed, format!("version \"{version}\" must not be NULL")))
+        }
         Some(_) => Ok(()),
     }
 }
 
+fn jsonb_arg<'a>(datum: Option<pg_sys::Datum>, name: &str) -> Result<(pg_sys::Datum, Vec<Member<'a>>)> {
+    let datum = required(datum, name)?;
+    Ok((datum, unsafe { object_members(datum, name)? }))
+}
+
+fn jsonb_param(datum: pg_sys::Datum) -> DatumWithOid<'static> {
+    unsafe { DatumWithOid::new(datum, pg_sys::JSONBOID) }
+}
+
 fn versioned_update(
     target: Option<pg_sys::Oid>,
-    key: Option<JsonB>,
-    changes: Option<JsonB>,
+    key: Option<pg_sys::Datum>,
+    changes: Option<pg_sys::Datum>,
     version: Option<&str>,
 ) -> Result<bool> {
     let version = required(version, "version_column")?;
-    let key = object(key, "key")?;
-    let mut changes = object(changes, "changes")?;
-    version_value(target, &changes, version, "changes")?;
-    if key.is_empty() {
+    let (key, key_members) = jsonb_arg(key, "key")?;
+    let (changes, change_members) = jsonb_arg(changes, "changes")?;
+    version_value(target, &change_members, version, "changes")?;
+    if key_members.is_empty() {
         return Err(IdemError::new(SqlState::InvalidColumnReference, "key must name at least one column"));
     }
-    for (column, value) in &key {
-        if value.is_null() {
-            return Err(IdemError::new(SqlState::NullValueNotAllowed, format!("key column \"{column}\" must not be NULL")));
+    for member in &key_members {
+        if member.is_null {
+            return Err(IdemError::new(SqlState::NullValueNotAllowed, format!("key column \"{}\" must not be NULL", member.name)));
         }
-        if column == version {
+        if member.name == version {
             return Err(IdemError::new(SqlState::InvalidParameterValue, format!("the version column \"{version}\" cannot be part of the key")));
         }
-        // A key column repeated in changes with its own value changes nothing; another
-        // value would move the row, which a versioned write must never do.
-        if let Some(changed) = changes.remove(column) {
-            if &changed != value {
-                return Err(IdemError::new(SqlState::InvalidParameterValue, format!("changes cannot alter key column \"{column}\"")));
-            }
+        // A versioned write changes a row, never which row it is.
+        if change_members.iter().any(|c| c.name == member.name) {
+            return Err(IdemError::new(SqlState::InvalidParameterValue, format!("changes cannot include key column \"{}\"", member.name)));
         }
     }
-    let plan_key = PlanKey {
-        table: required(target, "target")?,
-        version: version.to_string(),
-        shape: Shape::Update { key: key.keys().cloned().collect(), changes: changes.keys().cloned().collect() },
-    };
-    let plan = cached_plan(plan_key, || {
+    let table_oid = required(target, "target")?;
+    let plan = cached_plan(table_oid, signature("update", version, &[&key_members, &change_members]), &[pg_sys::JSONBOID, pg_sys::JSONBOID], || {
         let table = Table::load(target)?;
         let newer = table.version_order(version)?;
-        for column in changes.keys() {
-            table.column(column)?;
+        for member in &change_members {
+            table.column(member.name)?;
         }
-        let mut key_columns: Vec<&String> = key.keys().collect();
-        key_columns.sort();
+        for member in &key_members {
+            table.column(member.name)?;
+        }
+        let mut wanted: Vec<&str> = key_members.iter().map(|m| m.name).collect();
+        wanted.sort_unstable();
         let unique = table.unique_keys().into_iter().any(|(_, mut cols)| {
             cols.sort();
-            cols.iter().collect::<Vec<_>>() == key_columns
+            cols.iter().map(String::as_str).eq(wanted.iter().copied())
         });
-        for column in &key_columns {
-            table.column(column)?;
-        }
         if !unique {
             return Err(IdemError::new(
                 SqlState::InvalidColumnReference,
-                format!("no unique index of {} has exactly the key columns ({})", table.name, key.keys().cloned().collect::<Vec<_>>().join(", ")),
+                format!("no unique index of {} has exactly the key columns ({})", table.name, wanted.join(", ")),
             )
             .hint("Pass the columns of the primary key or of a unique index, all of them and nothing else."));
         }
-        let set: Vec<String> = changes.keys().map(|c| format!("{0} = r.{0}", quote_ident(c))).collect();
+        let mut set = Vec::new();
+        for member in &change_members {
+            set.push(format!("{} = {}", quote_ident(member.name), table.value_of("$2", member.name)?));
+        }
         let mut matches = Vec::new();
-        for column in key.keys() {
-            matches.push(format!("t.{0} {1} r.{0}", quote_ident(column), table.equality(column)?));
+        for member in &key_members {
+            matches.push(format!("t.{} {} {}", quote_ident(member.name), table.equality(member.name)?, table.value_of("$1", member.name)?));
         }
         let v = quote_ident(version);
         Ok(format!(
-            "UPDATE {table} AS t SET {set} \
-             FROM pg_catalog.jsonb_populate_record(NULL::{table}, $1) AS r \
-             WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} r.{v})",
+            "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version})",
             table = table.name,
             set = set.join(", "),
             matches = matches.join(" AND "),
+            new_version = table.value_of("$2", version)?,
         ))
     })?;
-    let mut row = key;
-    row.extend(changes);
-    Ok(execute(&plan, &[DatumWithOid::from(JsonB(Value::Object(row)))], |t| t.len() > 0))
+    Ok(execute(&plan, &[jsonb_param(key), jsonb_param(changes)], |t| t.len() > 0))
 }
 
-fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<JsonB>, version: Option<&str>) -> Result<bool> {
+fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, version: Option<&str>) -> Result<bool> {
     let version = required(version, "version_column")?;
-    let row = object(row, "row")?;
-    version_value(target, &row, version, "row")?;
-    let plan_key = PlanKey {
-        table: required(target, "target")?,
-        version: version.to_string(),
-        shape: Shape::Upsert { columns: row.keys().cloned().collect() },
-    };
-    let plan = cached_plan(plan_key, || {
+    let (row, members) = jsonb_arg(row, "row")?;
+    version_value(target, &members, version, "row")?;
+    let table_oid = required(target, "target")?;
+    let plan = cached_plan(table_oid, signature("upsert", version, &[&members]), &[pg_sys::JSONBOID], || {
         let table = Table::load(target)?;
         let newer = table.version_order(version)?;
-        for column in row.keys() {
-            table.column(column)?;
-        }
         let primary = table.unique_keys().into_iter().find(|(primary, _)| *primary).map(|(_, cols)| cols);
         let Some(primary) = primary else {
             return Err(IdemError::new(SqlState::InvalidColumnReference, format!("{} has no primary key", table.name))
                 .hint("idem_versioned_upsert finds the row by its primary key."));
         };
-        if let Some(missing) = primary.iter().find(|c| !row.contains_key(*c)) {
+        let mut values = Vec::new();
+        for member in &members {
+            values.push(table.value_of("$1", member.name)?);
+        }
+        if let Some(missing) = primary.iter().find(|c| !members.iter().any(|m| m.name == c.as_str())) {
             return Err(IdemError::new(
                 SqlState::InvalidColumnReference,
                 format!("row lacks primary key column \"{missing}\" of {}", table.name),
             ));
         }
-        let columns: Vec<String> = row.keys().map(|c| quote_ident(c)).collect();
-        let set: Vec<String> = row
-            .keys()
-            .filter(|c| !primary.contains(c))
-            .map(|c| format!("{0} = EXCLUDED.{0}", quote_ident(c)))
+        let set: Vec<String> = members
+            .iter()
+            .filter(|m| !primary.iter().any(|p| p == m.name))
+            .map(|m| format!("{0} = EXCLUDED.{0}", quote_ident(m.name)))
             .collect();
         let v = quote_ident(version);
         Ok(format!(
-            "INSERT INTO {table} AS t ({columns}) \
-             SELECT {selected} FROM pg_catalog.jsonb_populate_record(NULL::{table}, $1) AS r \
+            "INSERT INTO {table} AS t ({columns}) VALUES ({values}) \
              ON CONFLICT ({conflict}) DO UPDATE SET {set} \
              WHERE t.{v} IS NULL OR t.{v} {newer} EXCLUDED.{v}",
             table = table.name,
-            columns = columns.join(", "),
-            selected = columns.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", "),
+            columns = members.iter().map(|m| quote_ident(m.name)).collect::<Vec<_>>().join(", "),
+            values = values.join(", "),
             conflict = primary.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "),
             set = set.join(", "),
         ))
     })?;
-    Ok(execute(&plan, &[DatumWithOid::from(JsonB(Value::Object(row)))], |t| t.len() > 0))
+    Ok(execute(&plan, &[jsonb_param(row)], |t| t.len() > 0))
 }
 
 /// Installs (or replaces) the guard trigger after checking that the column can be ordered.
@@ -387,6 +444,7 @@ pub extern "C" fn pg_finfo_idem_version_guard_trigger() -> &'static pg_sys::Pg_f
     &V1
 }
 
+
 /// A `name` argument arrives as a NUL-terminated NameData, not as text.
 fn name_arg(name: Option<&CStr>) -> Result<Option<&str>> {
     name.map(|n| {
@@ -395,20 +453,22 @@ fn name_arg(name: Option<&CStr>) -> Result<Option<&str>> {
     .transpose()
 }
 
+// The jsonb arguments are read as raw datums through fcinfo: only their key names are
+// looked at in Rust, and the datums go to the statement unconverted.
 #[pg_extern(sql = false)]
-fn idem_versioned_update(
-    target: Option<pg_sys::Oid>,
-    key: Option<JsonB>,
-    changes: Option<JsonB>,
-    version_column: Option<&CStr>,
-) -> Option<bool> {
-    finish(name_arg(version_column).and_then(|v| versioned_update(target, key, changes, v)))
+fn idem_versioned_update(fcinfo: pg_sys::FunctionCallInfo) -> Option<bool> {
+    let (target, key, changes, version) = unsafe {
+        (pg_getarg::<pg_sys::Oid>(fcinfo, 0), pg_getarg_datum(fcinfo, 1), pg_getarg_datum(fcinfo, 2), pg_getarg::<&CStr>(fcinfo, 3))
+    };
+    finish(name_arg(version).and_then(|v| versioned_update(target, key, changes, v)))
 }
 sqlstate_entry!(idem_versioned_update_entry, pg_finfo_idem_versioned_update_entry, idem_versioned_update_wrapper);
 
 #[pg_extern(sql = false)]
-fn idem_versioned_upsert(target: Option<pg_sys::Oid>, row: Option<JsonB>, version_column: Option<&CStr>) -> Option<bool> {
-    finish(name_arg(version_column).and_then(|v| versioned_upsert(target, row, v)))
+fn idem_versioned_upsert(fcinfo: pg_sys::FunctionCallInfo) -> Option<bool> {
+    let (target, row, version) =
+        unsafe { (pg_getarg::<pg_sys::Oid>(fcinfo, 0), pg_getarg_datum(fcinfo, 1), pg_getarg::<&CStr>(fcinfo, 2)) };
+    finish(name_arg(version).and_then(|v| versioned_upsert(target, row, v)))
 }
 sqlstate_entry!(idem_versioned_upsert_entry, pg_finfo_idem_versioned_upsert_entry, idem_versioned_upsert_wrapper);
 

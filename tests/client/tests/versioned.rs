@@ -65,7 +65,11 @@ fn row(client: &mut Client, table: &str, id: i32) -> Option<(i32, Option<String>
         .map(|r| (r.get(0), r.get(1), r.get(2)))
 }
 
-fn bool_of(client: &mut Client, sql: &str, params: &[&(dyn postgres::types::ToSql + Sync)]) -> Result<bool, postgres::Error> {
+fn bool_of(
+    client: &mut Client,
+    sql: &str,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+) -> Result<bool, postgres::Error> {
     let r = client.query_one(sql, params)?;
     Ok(r.get::<_, Option<bool>>(0).unwrap_or_else(|| panic!("{sql} returned NULL")))
 }
@@ -141,10 +145,14 @@ fn race(
                 let barrier = &barrier;
                 s.spawn(move || {
                     let mut c = db.connect(&format!("{label}-{t}"));
+                    // An error is kept, not raised at once, so the peers are not left
+                    // waiting at the barrier; it fails the test after the race.
                     mine.iter()
                         .map(|&(id, version)| {
                             barrier.wait();
-                            let wrote = ok(call(&mut c, id, version), &format!("{label} thread {t}: id {id} version {version}"));
+                            let wrote = call(&mut c, id, version).map_err(|e| {
+                                format!("{label} thread {t}: id {id} version {version}: {}", describe(&e))
+                            });
                             barrier.wait();
                             (id, version, wrote)
                         })
@@ -156,6 +164,7 @@ fn race(
         let checker = s.spawn(move || {
             let mut c = db.connect(&format!("{label}-checker"));
             let mut highest: BTreeMap<i32, i64> = BTreeMap::new();
+            let mut first_wrong: Option<String> = None; // reported after the race, see above
             for step in 0..len {
                 barrier.wait(); // the writers start the step
                 barrier.wait(); // every writer's call of the step has returned
@@ -165,17 +174,28 @@ fn race(
                     *h = (*h).max(version);
                 }
                 for (&id, &max) in &highest {
-                    assert_eq!(
-                        row(&mut c, table, id),
-                        Some((id, Some(format!("v{max}")), Some(max))),
-                        "{label}: after step {step}, id {id} must hold the highest version sent so far ({max})"
-                    );
+                    let found = row(&mut c, table, id);
+                    if first_wrong.is_none() && found != Some((id, Some(format!("v{max}")), Some(max))) {
+                        first_wrong = Some(format!(
+                            "{label}: after step {step}, id {id} must hold the highest version sent so far \
+                             (id {id}, 'v{max}', {max}), found {found:?}"
+                        ));
+                    }
                 }
             }
+            first_wrong
         });
-        let calls = handles.into_iter().enumerate().map(|(t, h)| join(&format!("{label} thread {t}"), h)).collect();
-        join(&format!("{label} checker"), checker);
+        let calls: Vec<Vec<(i32, i64, Result<bool, String>)>> =
+            handles.into_iter().enumerate().map(|(t, h)| join(&format!("{label} thread {t}"), h)).collect();
+        let errors: Vec<&String> = calls.iter().flatten().filter_map(|c| c.2.as_ref().err()).collect();
+        assert!(errors.is_empty(), "{label}: {} of the concurrent writes failed, e.g. {}", errors.len(), errors[0]);
+        if let Some(wrong) = join(&format!("{label} checker"), checker) {
+            panic!("{wrong}");
+        }
         calls
+            .into_iter()
+            .map(|mine| mine.into_iter().map(|(id, version, wrote)| (id, version, wrote.unwrap())).collect())
+            .collect()
     });
 
     let mut stored: BTreeMap<i32, i64> = BTreeMap::new(); // at the start of the step
@@ -222,7 +242,8 @@ fn race(
 /// carried a version greater than every version that had returned true before it there.
 #[test]
 fn eight_concurrent_versioned_updates_converge_on_the_highest_version() {
-    let versions: Vec<(i32, i64)> = shuffled((1..=200).collect::<Vec<i64>>(), 0x5EED_0001).into_iter().map(|v| (1, v)).collect();
+    let versions: Vec<(i32, i64)> =
+        shuffled((1..=200).collect::<Vec<i64>>(), 0x5EED_0001).into_iter().map(|v| (1, v)).collect();
     let steps = deal(&versions);
     let calls = race("vupdate", "read_model", &steps, |c, id, v| versioned_update(c, "read_model", id, v));
 
@@ -283,7 +304,11 @@ fn eight_concurrent_versioned_upserts_insert_once_and_converge_on_the_highest_ve
 
     let mut check = db().connect("vupsert-check");
     for id in 1..=IDS {
-        assert_eq!(row(&mut check, "upsert_model", id), Some((id, Some(format!("v{VERSIONS}")), Some(VERSIONS))), "id {id}");
+        assert_eq!(
+            row(&mut check, "upsert_model", id),
+            Some((id, Some(format!("v{VERSIONS}")), Some(VERSIONS))),
+            "id {id}"
+        );
     }
     let n: i64 = check.query_one("SELECT count(*) FROM upsert_model", &[]).unwrap().get(0);
     assert_eq!(n, IDS as i64, "one row per id");
@@ -304,9 +329,11 @@ fn guarded_plain_updates_from_eight_sessions_converge_on_the_highest_version() {
     let mut admin = db.connect("guard-admin");
     ok(admin.batch_execute("SELECT idem_version_guard('guarded')"), "idem_version_guard('guarded')");
 
-    let versions: Vec<(i32, i64)> = shuffled((1..=200).collect::<Vec<i64>>(), 0x5EED_0003).into_iter().map(|v| (1, v)).collect();
+    let versions: Vec<(i32, i64)> =
+        shuffled((1..=200).collect::<Vec<i64>>(), 0x5EED_0003).into_iter().map(|v| (1, v)).collect();
     let calls = race("guard", "guarded", &deal(&versions), |c, id, v| {
-        let n = c.execute("UPDATE guarded SET status = $1, version = $2 WHERE id = $3", &[&format!("v{v}"), &v, &id])?;
+        let n =
+            c.execute("UPDATE guarded SET status = $1, version = $2 WHERE id = $3", &[&format!("v{v}"), &v, &id])?;
         assert!(n <= 1, "an UPDATE by primary key reports at most one row, got {n}");
         Ok(n == 1)
     });
@@ -321,7 +348,8 @@ fn guarded_plain_updates_from_eight_sessions_converge_on_the_highest_version() {
 
     // Same version, or no version change at all: skipped; a lower version: skipped.
     let same = ok(admin.execute("UPDATE guarded SET status = 'same version' WHERE id = 1", &[]), "same-version UPDATE");
-    let lower = ok(admin.execute("UPDATE guarded SET status = 'lower', version = 199 WHERE id = 1", &[]), "lower UPDATE");
+    let lower =
+        ok(admin.execute("UPDATE guarded SET status = 'lower', version = 199 WHERE id = 1", &[]), "lower UPDATE");
     assert_eq!((same, lower), (0, 0), "UPDATEs that do not make the version newer are skipped");
     assert_eq!(row(&mut admin, "guarded", 1), Some((1, Some("v200".into()), Some(200))));
 
@@ -345,15 +373,21 @@ fn guarded_plain_updates_from_eight_sessions_converge_on_the_highest_version() {
 fn out_of_order_versions_across_connections_end_at_the_newest() {
     let db = db();
     type Write = fn(&mut Client, &str, i32, i64) -> Result<bool, postgres::Error>;
-    let cases: [(&str, &str, Write); 2] =
-        [("idem_versioned_update", "ooo_update", versioned_update), ("idem_versioned_upsert", "ooo_upsert", versioned_upsert)];
+    let cases: [(&str, &str, Write); 2] = [
+        ("idem_versioned_update", "ooo_update", versioned_update),
+        ("idem_versioned_upsert", "ooo_upsert", versioned_upsert),
+    ];
     for (what, table, write) in cases {
         let mut sessions: Vec<Client> = (0..4).map(|i| db.connect(&format!("ooo-{table}-{i}"))).collect();
         let mut answers = Vec::new();
         for (session, version) in sessions.iter_mut().zip([4i64, 2, 3, 4]) {
             answers.push((version, ok(write(session, table, 1, version), &format!("{what} version {version}"))));
         }
-        assert_eq!(answers, vec![(4, true), (2, false), (3, false), (4, false)], "{what}: (version, written) in arrival order");
+        assert_eq!(
+            answers,
+            vec![(4, true), (2, false), (3, false), (4, false)],
+            "{what}: (version, written) in arrival order"
+        );
         assert_eq!(row(&mut sessions[0], table, 1), Some((1, Some("v4".into()), Some(4))), "{what}");
     }
 }
@@ -383,22 +417,35 @@ fn a_role_without_update_privilege_gets_42501() {
     let current: String = c.query_one("SELECT current_user::text", &[]).unwrap().get(0);
     assert_eq!(current, ROLE);
     expect_sqlstate(versioned_update(&mut c, "priv_model", 1, 10), "42501", "idem_versioned_update without UPDATE");
-    expect_sqlstate(versioned_upsert(&mut c, "priv_model", 1, 11), "42501", "idem_versioned_upsert without INSERT/UPDATE");
-    expect_sqlstate(versioned_upsert(&mut c, "priv_model", 2, 1), "42501", "idem_versioned_upsert of a new row without INSERT");
+    expect_sqlstate(
+        versioned_upsert(&mut c, "priv_model", 1, 11),
+        "42501",
+        "idem_versioned_upsert without INSERT/UPDATE",
+    );
+    expect_sqlstate(
+        versioned_upsert(&mut c, "priv_model", 2, 1),
+        "42501",
+        "idem_versioned_upsert of a new row without INSERT",
+    );
     // The session still works after the errors.
-    assert_eq!(row(&mut c, "priv_model", 1), Some((1, Some("v2".into()), Some(2))), "the denied writes changed nothing");
+    assert_eq!(
+        row(&mut c, "priv_model", 1),
+        Some((1, Some("v2".into()), Some(2))),
+        "the denied writes changed nothing"
+    );
     ok(c.batch_execute("RESET ROLE"), "RESET ROLE");
     drop(c);
 
     // A fresh session that never ran as the superuser: the same.
     let mut fresh = db.connect("priv-fresh");
     ok(fresh.batch_execute(&format!("SET ROLE {ROLE}")), "SET ROLE");
-    expect_sqlstate(versioned_update(&mut fresh, "priv_model", 1, 10), "42501", "idem_versioned_update without UPDATE (fresh)");
+    expect_sqlstate(
+        versioned_update(&mut fresh, "priv_model", 1, 10),
+        "42501",
+        "idem_versioned_update without UPDATE (fresh)",
+    );
     drop(fresh);
 
     assert_eq!(row(&mut admin, "priv_model", 1), Some((1, Some("v2".into()), Some(2))));
-    ok(
-        admin.batch_execute(&format!("DROP OWNED BY {ROLE}; DROP ROLE {ROLE};")),
-        "drop the role",
-    );
+    ok(admin.batch_execute(&format!("DROP OWNED BY {ROLE}; DROP ROLE {ROLE};")), "drop the role");
 }
