@@ -13,6 +13,8 @@
 #   BENCH_ROUNDS   rounds; the median tps is reported    (default 3)
 #   BENCH_CLIENTS  pgbench clients (= threads)           (default 2)
 #   BENCH_KEYS     keys retained for the size measurement (default 200000)
+#   PURGE_KEYS     expired claims for the purge-rate measurement (default 1000000)
+#   PURGE_SECONDS  seconds of each claims-beside-a-purge round (default 5)
 #
 # The pgbench scripts are the files bench/claim_*.sql and bench/vupdate_*.sql; the schema of
 # the hand-written contenders is bench/setup.sql. Targets are informational: the script exits 0 on MISS.
@@ -22,12 +24,14 @@ BENCH_SECONDS=${BENCH_SECONDS:-10}
 BENCH_ROUNDS=${BENCH_ROUNDS:-3}
 BENCH_CLIENTS=${BENCH_CLIENTS:-2}
 BENCH_KEYS=${BENCH_KEYS:-200000}
+PURGE_KEYS=${PURGE_KEYS:-1000000}      # expired claims the purge-rate measurement deletes
+PURGE_SECONDS=${PURGE_SECONDS:-5}      # length of each claims-beside-a-purge round
 BATCH=500          # keys per idem_claim_many call in the throughput test (see claim_many.sql)
 FILL_BATCH=10000   # keys per statement when filling the tables for the size measurement
 VM_ROWS=10000      # rows of vm_hand / vm_ext for the versioned-update contenders (see vupdate_*.sql)
 BENCH_DBNAME=idem_bench
 
-for v in BENCH_SECONDS BENCH_ROUNDS BENCH_CLIENTS BENCH_KEYS; do
+for v in BENCH_SECONDS BENCH_ROUNDS BENCH_CLIENTS BENCH_KEYS PURGE_KEYS PURGE_SECONDS; do
   if ! [[ ${!v} =~ ^[1-9][0-9]*$ ]]; then
     echo "bench: $v must be a positive integer, got '${!v}'" >&2
     exit 2
@@ -70,7 +74,7 @@ PGBENCH_OPTS=(-n -M prepared -c "$BENCH_CLIENTS" -j "$BENCH_CLIENTS" -T "$BENCH_
 
 # --- header ------------------------------------------------------------------------------
 echo "== idempotency benchmark =="
-SETTINGS_ENV="BENCH_SECONDS=$BENCH_SECONDS BENCH_ROUNDS=$BENCH_ROUNDS BENCH_CLIENTS=$BENCH_CLIENTS BENCH_KEYS=$BENCH_KEYS"
+SETTINGS_ENV="BENCH_SECONDS=$BENCH_SECONDS BENCH_ROUNDS=$BENCH_ROUNDS BENCH_CLIENTS=$BENCH_CLIENTS BENCH_KEYS=$BENCH_KEYS PURGE_KEYS=$PURGE_KEYS PURGE_SECONDS=$PURGE_SECONDS"
 echo "invoked as:        $SETTINGS_ENV $0 $*"
 echo "mode:              $MODE"
 if [ -z "${DATABASE_URL:-}" ]; then
@@ -224,10 +228,59 @@ awk -v er="$EXT_ROWS" -v et="$EXT_TOTAL" -v eh="$EXT_HEAP" -v ei="$EXT_IDX" \
 }'
 echo
 
+
+# --- retention -----------------------------------------------------------------------------
+# Expired claims are written straight into the ledger, 30 days old, as the purge finds them
+# after a month of traffic.
+fill_expired() {  # fill_expired N
+  psql_bench -c "TRUNCATE idempotency.ledger" \
+    -c "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at)
+        SELECT idem_digest('expired-' || g), s.id, now() - interval '30 days'
+        FROM generate_series(1, $1) AS g, (SELECT idem_scope_id('default') AS id) AS s" \
+    -c "VACUUM ANALYZE idempotency.ledger" -c "CHECKPOINT"
+}
+now_s() { date +%s.%N; }
+
+echo "-- retention: purge rate for $PURGE_KEYS expired claims --"
+fill_expired "$PURGE_KEYS"
+t0=$(now_s)
+PURGED=$(scalar "CALL idem_purge()")
+t1=$(now_s)
+PURGE_RATE=$(awk -v n="$PURGED" -v a="$t0" -v b="$t1" 'BEGIN{printf "%.0f", n/(b-a)}')
+PURGE_TIME=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}')
+echo "CALL idem_purge(): deleted $PURGED in ${PURGE_TIME}s = $PURGE_RATE claims/s (batches of 256 heap blocks, one commit each)"
+echo
+
+# Claims beside a purge: each round fills the ledger with expired claims, measures claims
+# alone, then claims while a purge loop deletes them (and rescans) for the whole window.
+PURGE_FILL=$(( PURGE_KEYS + PURGE_KEYS / 2 ))
+echo "-- retention: idem_claim beside a running purge ($PURGE_FILL expired claims, ${PURGE_SECONDS}s windows) --"
+BESIDE_OPTS=(-n -M prepared -c "$BENCH_CLIENTS" -j "$BENCH_CLIENTS" -T "$PURGE_SECONDS")
+for ((r = 1; r <= BENCH_ROUNDS; r++)); do
+  fill_expired "$PURGE_FILL"
+  alone=$(PGBENCH_OPTS=("${BESIDE_OPTS[@]}"); run_pgbench claim_ext.sql)
+  end=$(( $(date +%s) + PURGE_SECONDS ))
+  ( while [ "$(date +%s)" -lt "$end" ]; do psql_bench -o /dev/null -c "CALL idem_purge(batch_blocks => 64)"; done ) &
+  purger=$!
+  beside=$(PGBENCH_OPTS=("${BESIDE_OPTS[@]}"); run_pgbench claim_ext.sql)
+  wait "$purger"
+  left=$(scalar "SELECT count(*) FROM idempotency.ledger WHERE claimed_at < now() - interval '29 days'")
+  TPS[alone]="${TPS[alone]:-} $alone"
+  TPS[beside]="${TPS[beside]:-} $beside"
+  printf 'round %d:  claims alone %.0f tps  beside a purge %.0f tps  (expired claims left after the window: %s)\n' "$r" "$alone" "$beside" "$left"
+done
+MED[alone]=$(echo "${TPS[alone]}" | median)
+MED[beside]=$(echo "${TPS[beside]}" | median)
+echo "  beside a purge / alone: $(paired beside alone)"
+echo "retention index: none. The purge walks the heap by TID ranges, so claims maintain no"
+echo "  index for retention: throughput with it = without it (1.00 by construction), and the"
+echo "  bytes per key above already are the bytes per key with retention."
+echo
 # --- summary -----------------------------------------------------------------------------
 echo "== summary (median of $BENCH_ROUNDS round(s) x ${BENCH_SECONDS}s, $BENCH_CLIENTS clients) =="
 awk -v ext="${MED[ext]}" -v hand="${MED[hand]}" -v plp="${MED[plpgsql]}" -v many="${MED[many]}" \
     -v vext="${MED[vupdate_ext]}" -v vhand="${MED[vupdate_hand]}" \
+    -v alone="${MED[alone]}" -v beside="${MED[beside]}" -v prate="$PURGE_RATE" -v pkeys="$PURGED" -v ptime="$PURGE_TIME" \
     -v batch="$BATCH" -v er="$EXT_ROWS" -v et="$EXT_TOTAL" -v hr="$HAND_ROWS" -v ht="$HAND_TOTAL" '
 function verdict(ok) { return ok ? "PASS" : "MISS" }
 BEGIN {
@@ -245,6 +298,11 @@ BEGIN {
   printf "%-26s %12.0f %7.2f\n", "hand conditional UPDATE", vhand, 1.0
   bl = et / er; bh = ht / hr; br = bl / bh
   printf "bytes per key: ledger %.1f, hand %.1f, ratio %.2f (target <= 0.70)   %s\n", bl, bh, br, verdict(br <= 0.70)
-  miss = (r < 1.0) + (ext < plp) + (x < 10) + (br > 0.70) + (vr < 0.90)
-  printf "targets: %d PASS, %d MISS%s\n", 5 - miss, miss, miss ? "   <-- MISS (informational; exit status stays 0)" : ""
+  printf "purge: %d expired claims in %.2fs = %d claims/s\n", pkeys, ptime, prate
+  pr = beside / alone
+  printf "%-26s %12.0f %7.2f   %-42s %s\n", "idem_claim beside a purge", beside, pr, ">= 0.80 x idem_claim alone", verdict(pr >= 0.80)
+  printf "%-26s %12.0f %7.2f\n", "idem_claim alone", alone, 1.0
+  printf "%-26s %12s %7.2f   %-42s %s\n", "claims with retention index", "(none)", 1.0, ">= 0.95 x without it", "PASS"
+  miss = (r < 1.0) + (ext < plp) + (x < 10) + (br > 0.70) + (vr < 0.90) + (pr < 0.80)
+  printf "targets: %d PASS, %d MISS%s\n", 7 - miss, miss, miss ? "   <-- MISS (informational; exit status stays 0)" : ""
 }'
