@@ -63,6 +63,7 @@ regress: install
 
 # #[pg_test] functions run inside a cluster that cargo-pgrx starts as the postgres user.
 pgrx-test: deps
+	rm -rf $(PGRX_TEST_DIR)
 	cargo pgrx test pg$(PG_MAJOR) --runas postgres --pgdata $(PGRX_TEST_DIR)
 
 bench: install
