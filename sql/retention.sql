@@ -112,14 +112,31 @@ BEGIN
   END LOOP;
   UPDATE idempotency.purge_runs AS p SET finished_at = pg_catalog.clock_timestamp()
    WHERE p.run_id OPERATOR(pg_catalog.=) run;
-  -- The history keeps a month of runs.
+  -- The history keeps a month of runs, interrupted ones included.
   DELETE FROM idempotency.purge_runs AS p
-   WHERE p.finished_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) '30 days'::pg_catalog.interval);
+   WHERE p.started_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) '30 days'::pg_catalog.interval);
   COMMIT;
 END
 $$;
 COMMENT ON PROCEDURE idem_purge(integer, bigint) IS
-  'Deletes expired claims in batches of batch_blocks heap blocks, committing after each; CALL it outside a transaction block. Progress: idempotency.purge_runs.';
+  'Deletes expired claims in batches of batch_blocks heap blocks, committing after each; CALL it outside a transaction block. Progress: idempotency.purge_progress.';
+
+-- A run that was cancelled or failed keeps finished_at NULL; whether it is still running is
+-- told by its backend: alive and executing a purge.
+CREATE VIEW idempotency.purge_progress AS
+SELECT p.run_id, p.pid, p.started_at, p.finished_at,
+       CASE WHEN p.finished_at IS NOT NULL THEN 'finished'
+            WHEN a.pid IS NULL THEN 'interrupted'
+            WHEN a.query IS NULL OR a.query = '<insufficient privilege>' THEN 'unknown'
+            WHEN a.state = 'active' AND a.query ~* 'idem_purge' THEN 'running'
+            ELSE 'interrupted' END AS state,
+       p.blocks_done, p.blocks,
+       round(100.0 * p.blocks_done / GREATEST(p.blocks, 1), 1) AS percent_done,
+       p.batches, p.deleted
+FROM idempotency.purge_runs AS p
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = p.pid AND a.backend_start <= p.started_at;
+COMMENT ON VIEW idempotency.purge_progress IS
+  'Each purge run and its state: running, finished, or interrupted (cancelled or failed; its deletions so far are committed).';
 
 -- pg_cron: one job per database, under a stable name, so scheduling twice keeps one job.
 CREATE FUNCTION idem_schedule_purge(schedule text DEFAULT '*/10 * * * *')

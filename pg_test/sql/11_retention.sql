@@ -46,9 +46,8 @@ GROUP BY 1, 2 ORDER BY 1, 2;
 -- The purge deletes exactly the claims older than their scope's retention, in batches.
 CALL idem_purge(batch_blocks => 1);
 SELECT * FROM ages;
-SELECT blocks_done = blocks AS complete, batches = blocks AS one_batch_per_block, deleted,
-       finished_at IS NOT NULL AS finished
-FROM idempotency.purge_runs ORDER BY run_id DESC LIMIT 1;
+SELECT state, blocks_done = blocks AS complete, batches = blocks AS one_batch_per_block, deleted, percent_done
+FROM idempotency.purge_progress ORDER BY run_id DESC LIMIT 1;
 
 -- A second purge finds nothing more to delete.
 CALL idem_purge();
@@ -77,6 +76,7 @@ SELECT sqlstate_of($$CALL idem_purge(0)$$);
 BEGIN;
 CALL idem_purge();
 ROLLBACK;
+
 
 -- The late-replay guard: a claim may pass the message's own time.  When that time is older
 -- than the scope's retention, its first delivery's claim may be purged already, so a new
