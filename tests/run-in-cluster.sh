@@ -24,3 +24,6 @@ bash tests/dump_restore.sh
 
 echo "== pg_cron runs the scheduled purge"
 bash tests/pg_cron.sh
+
+# Every suite above stops the script on its first failure, so reaching here means all passed.
+echo "suites: 5 passed, 0 failed"
