@@ -26,6 +26,7 @@ BENCH_CLIENTS=${BENCH_CLIENTS:-2}
 BENCH_KEYS=${BENCH_KEYS:-200000}
 PURGE_KEYS=${PURGE_KEYS:-1000000}      # expired claims the purge-rate measurement deletes
 PURGE_SECONDS=${PURGE_SECONDS:-5}      # length of each claims-beside-a-purge round
+PURGE_PAUSE='100 ms'                   # what idem_schedule_purge() passes by default
 BATCH=500          # keys per idem_claim_many call in the throughput test (see claim_many.sql)
 FILL_BATCH=10000   # keys per statement when filling the tables for the size measurement
 VM_ROWS=10000      # rows of vm_hand / vm_ext for the versioned-update contenders (see vupdate_*.sql)
@@ -252,15 +253,16 @@ echo "CALL idem_purge(): deleted $PURGED in ${PURGE_TIME}s = $PURGE_RATE claims/
 echo
 
 # Claims beside a purge: each round fills the ledger with expired claims, measures claims
-# alone, then claims while a purge loop deletes them (and rescans) for the whole window.
+# alone, then claims while the purge, run as the pg_cron job runs it (pausing between
+# batches), deletes them, in a loop that keeps it running for the whole window.
 PURGE_FILL=$(( PURGE_KEYS + PURGE_KEYS / 2 ))
-echo "-- retention: idem_claim beside a running purge ($PURGE_FILL expired claims, ${PURGE_SECONDS}s windows) --"
+echo "-- retention: idem_claim beside a running purge ($PURGE_FILL expired claims, ${PURGE_SECONDS}s windows, CALL idem_purge(pause => '$PURGE_PAUSE')) --"
 BESIDE_OPTS=(-n -M prepared -c "$BENCH_CLIENTS" -j "$BENCH_CLIENTS" -T "$PURGE_SECONDS")
 for ((r = 1; r <= BENCH_ROUNDS; r++)); do
   fill_expired "$PURGE_FILL"
   alone=$(PGBENCH_OPTS=("${BESIDE_OPTS[@]}"); run_pgbench claim_ext.sql)
   end=$(( $(date +%s) + PURGE_SECONDS ))
-  ( while [ "$(date +%s)" -lt "$end" ]; do psql_bench -o /dev/null -c "CALL idem_purge(batch_blocks => 64)"; done ) &
+  ( while [ "$(date +%s)" -lt "$end" ]; do psql_bench -o /dev/null -c "CALL idem_purge(pause => '$PURGE_PAUSE')"; done ) &
   purger=$!
   beside=$(PGBENCH_OPTS=("${BESIDE_OPTS[@]}"); run_pgbench claim_ext.sql)
   wait "$purger"

@@ -76,7 +76,9 @@ COMMENT ON VIEW idempotency.scope_retention IS 'Each declared scope''s retention
 -- claim would have to maintain. A claim is expired when claimed_at < now() - retention at
 -- the time of its batch, so nothing inside its retention is ever deleted. Claims wait for
 -- nothing: a concurrent claim of an expired key waits for the batch, then claims it anew.
-CREATE PROCEDURE idem_purge(batch_blocks integer DEFAULT 256, INOUT deleted bigint DEFAULT NULL)
+-- A pause between batches leaves the CPU to the claims; the scheduled job uses one.
+CREATE PROCEDURE idem_purge(batch_blocks integer DEFAULT 256, pause interval DEFAULT '0',
+                            INOUT deleted bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -88,6 +90,10 @@ BEGIN
   IF batch_blocks IS NULL OR batch_blocks OPERATOR(pg_catalog.<) 1 THEN
     RAISE EXCEPTION USING ERRCODE = '22023',
       MESSAGE = pg_catalog.format('batch_blocks must be at least 1, not %s', COALESCE(batch_blocks::pg_catalog.text, 'NULL'));
+  END IF;
+  IF pause IS NULL OR pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = pg_catalog.format('pause must be zero or more, not %s', COALESCE(pause::pg_catalog.text, 'NULL'));
   END IF;
   deleted := 0;
   total_blocks := pg_catalog.pg_relation_size('idempotency.ledger'::pg_catalog.regclass)
@@ -109,6 +115,10 @@ BEGIN
            batches = p.batches OPERATOR(pg_catalog.+) 1, deleted = p.deleted OPERATOR(pg_catalog.+) removed
      WHERE p.run_id OPERATOR(pg_catalog.=) run;
     COMMIT;
+    IF pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
+       AND first_block OPERATOR(pg_catalog.<) total_blocks THEN
+      PERFORM pg_catalog.pg_sleep(pg_catalog.date_part('epoch', pause));
+    END IF;
   END LOOP;
   UPDATE idempotency.purge_runs AS p SET finished_at = pg_catalog.clock_timestamp()
    WHERE p.run_id OPERATOR(pg_catalog.=) run;
@@ -118,8 +128,8 @@ BEGIN
   COMMIT;
 END
 $$;
-COMMENT ON PROCEDURE idem_purge(integer, bigint) IS
-  'Deletes expired claims in batches of batch_blocks heap blocks, committing after each; CALL it outside a transaction block. Progress: idempotency.purge_progress.';
+COMMENT ON PROCEDURE idem_purge(integer, interval, bigint) IS
+  'Deletes expired claims in batches of batch_blocks heap blocks, committing (then pausing) after each; CALL it outside a transaction block. Progress: idempotency.purge_progress.';
 
 -- A run that was cancelled or failed keeps finished_at NULL; whether it is still running is
 -- told by its backend: alive and executing a purge.
@@ -139,17 +149,21 @@ COMMENT ON VIEW idempotency.purge_progress IS
   'Each purge run and its state: running, finished, or interrupted (cancelled or failed; its deletions so far are committed).';
 
 -- pg_cron: one job per database, under a stable name, so scheduling twice keeps one job.
-CREATE FUNCTION idem_schedule_purge(schedule text DEFAULT '*/10 * * * *')
+CREATE FUNCTION idem_schedule_purge(schedule text DEFAULT '*/10 * * * *', pause interval DEFAULT '100 ms')
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   job_name text := 'idempotency-purge:' || current_database();
-  command text := format('CALL %I.idem_purge()', '@extschema@');
+  command text := format('CALL %I.idem_purge(pause => %L)', '@extschema@', pause);
   job bigint;
 BEGIN
-  IF schedule IS NULL THEN
-    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'schedule must not be NULL';
+  IF schedule IS NULL OR pause IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004',
+      MESSAGE = format('%s must not be NULL', CASE WHEN schedule IS NULL THEN 'schedule' ELSE 'pause' END);
+  END IF;
+  IF pause < interval '0' THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('pause must be zero or more, not %s', pause);
   END IF;
   IF to_regprocedure('cron.schedule_in_database(text,text,text,text,text,boolean)') IS NULL THEN
     RAISE EXCEPTION USING ERRCODE = '55000',
@@ -166,8 +180,8 @@ BEGIN
   RETURN job;
 END
 $$;
-COMMENT ON FUNCTION idem_schedule_purge(text) IS
-  'Schedules CALL idem_purge() with pg_cron under the job name idempotency-purge:<database>; calling it again replaces the schedule.';
+COMMENT ON FUNCTION idem_schedule_purge(text, interval) IS
+  'Schedules CALL idem_purge(pause => ...) with pg_cron under the job name idempotency-purge:<database>; calling it again replaces the schedule.';
 
 CREATE FUNCTION idem_unschedule_purge()
 RETURNS boolean LANGUAGE plpgsql VOLATILE

@@ -72,6 +72,12 @@ SELECT * FROM ages WHERE scope = 'events';
 RESET idempotency.default_retention;
 
 SELECT sqlstate_of($$CALL idem_purge(0)$$);
+SELECT sqlstate_of($$CALL idem_purge(pause => '-1 s')$$);
+SELECT sqlstate_of($$SELECT idem_schedule_purge(pause => NULL)$$);
+-- A pause between batches keeps a purge from crowding out the claims.
+SELECT claim_aged('paused', '30 days', 300);
+CALL idem_purge(batch_blocks => 1, pause => '1 ms');
+SELECT state, batches > 1 AS several_batches FROM idempotency.purge_progress ORDER BY run_id DESC LIMIT 1;
 -- The purge commits between batches, so it must be called outside a transaction block.
 BEGIN;
 CALL idem_purge();
