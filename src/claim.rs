@@ -84,7 +84,8 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
         if let Some(sent_at) = sent_at {
             check_late_replay(&scope, sent_at)?;
         }
-        return Ok(Claim { claimed: true, claimed_at: Some(transaction_start()), result: None });
+        let claimed_at = want_replay.then(transaction_start);
+        return Ok(Claim { claimed: true, claimed_at, result: None });
     }
     if fingerprint.is_none() && !want_replay {
         return Ok(Claim { claimed: false, claimed_at: None, result: None });

@@ -8,6 +8,21 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{required, IdemError, Result, SqlState};
 
+/// A consumer claims in one scope, over and over: the last scope's id is kept per backend.
+fn scope_id(name: &str) -> i64 {
+    thread_local! {
+        static LAST: std::cell::RefCell<(String, i64)> = const { std::cell::RefCell::new((String::new(), 0)) };
+    }
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if last.0 != name || last.0.is_empty() {
+            let hash = Sha256::digest(name.as_bytes());
+            *last = (name.to_string(), i64::from_be_bytes(hash[..8].try_into().expect("SHA-256 has 32 bytes")));
+        }
+        last.1
+    })
+}
+
 /// A validated scope: its name and the 64-bit id stored in every ledger row.
 #[derive(Clone, Copy)]
 pub struct Scope<'a> {
@@ -22,9 +37,7 @@ impl<'a> Scope<'a> {
             return Err(IdemError::new(SqlState::InvalidParameterValue, "scope must not be empty")
                 .hint("Omit the argument to use the scope 'default'."));
         }
-        let hash = Sha256::digest(name.as_bytes());
-        let id = i64::from_be_bytes(hash[..8].try_into().expect("SHA-256 has 32 bytes"));
-        Ok(Scope { name, id })
+        Ok(Scope { name, id: scope_id(name) })
     }
 
     /// 128 bits of SHA-256 over the length-prefixed scope and the key's bytes: keys compare
