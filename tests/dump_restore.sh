@@ -3,6 +3,7 @@
 # bring back every claimed key, or the restored database would process them all again.
 set -euo pipefail
 psql -qX -v ON_ERROR_STOP=1 -d postgres <<'SQL'
+SET client_min_messages = warning;
 DROP DATABASE IF EXISTS idem_dump_src;
 DROP DATABASE IF EXISTS idem_dump_dst;
 CREATE DATABASE idem_dump_src;

@@ -27,6 +27,12 @@ SELECT idem_set_result('app-1', '{"ok": true}');
 SELECT idem_claim_many(ARRAY['app-1', 'app-2']) AS batch;
 -- It cannot delete processed keys: only retention (run by its owner) does that.
 SELECT sqlstate_of($$DELETE FROM idempotency.ledger$$);
+-- A claim that passes sent_at reads its scope's retention, which takes one more GRANT.
+SELECT sqlstate_of($$SELECT idem_claim('app-3', 'default', NULL, now())$$);
+RESET ROLE;
+GRANT SELECT ON idempotency.scopes TO idem_app;
+SET ROLE idem_app;
+SELECT idem_claim('app-3', 'default', NULL, now()) AS with_sent_at;
 RESET ROLE;
 
 -- A look-alike object earlier on the search_path cannot redirect a claim: a "ledger"
