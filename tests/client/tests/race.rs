@@ -12,6 +12,16 @@ fn db() -> &'static TestDb {
     test_db("race", SETUP)
 }
 
+/// The business side effect a consumer commits only when its claim was new.
+fn record_effect(c: &mut postgres::Client, key: &str, worker: usize) {
+    ok(c.execute("INSERT INTO effects (key, worker) VALUES ($1, $2)", &[&key, &(worker as i32)]), "business insert");
+}
+
+/// The workers whose side effect for `key` was committed.
+fn committed_effects(check: &mut postgres::Client, key: &str) -> Vec<i32> {
+    check.query("SELECT worker FROM effects WHERE key = $1", &[&key]).unwrap().iter().map(|r| r.get(0)).collect()
+}
+
 /// Duplicate source: one message delivered to many competing consumers at once (a broker
 /// redelivering to every member of a consumer group, or a retry storm).
 ///
@@ -44,13 +54,7 @@ fn sixteen_concurrent_claims_of_one_key_have_exactly_one_winner() {
                             barrier.wait();
                             let won = ok(claim(&mut c, key), &format!("worker {worker} claims {key}"));
                             if won {
-                                ok(
-                                    c.execute(
-                                        "INSERT INTO effects (key, worker) VALUES ($1, $2)",
-                                        &[key, &(worker as i32)],
-                                    ),
-                                    "business insert",
-                                );
+                                record_effect(&mut c, key, worker);
                             }
                             ok(c.batch_execute("COMMIT"), "COMMIT");
                             won
@@ -70,12 +74,7 @@ fn sixteen_concurrent_claims_of_one_key_have_exactly_one_winner() {
             1,
             "{key}: exactly one of {WORKERS} concurrent claims must be true, got winners {winners:?}"
         );
-        let effects: Vec<i32> = check
-            .query("SELECT worker FROM effects WHERE key = $1", &[key])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let effects = committed_effects(&mut check, key);
         assert_eq!(effects, vec![winners[0] as i32], "{key}: exactly the winner's side effect is committed");
         assert_eq!(ledger_rows(&mut check, key), 1, "{key}: one ledger row");
     }
@@ -113,13 +112,7 @@ fn concurrent_nowait_claims_of_one_key_have_at_most_one_winner() {
                             match claim_nowait(&mut c, key) {
                                 Ok(won) => {
                                     if won {
-                                        ok(
-                                            c.execute(
-                                                "INSERT INTO effects (key, worker) VALUES ($1, $2)",
-                                                &[key, &(worker as i32)],
-                                            ),
-                                            "business insert",
-                                        );
+                                        record_effect(&mut c, key, worker);
                                     }
                                     ok(c.batch_execute("COMMIT"), "COMMIT");
                                     Some(won)
@@ -142,12 +135,7 @@ fn concurrent_nowait_claims_of_one_key_have_at_most_one_winner() {
     for (round, key) in keys.iter().enumerate() {
         let winners: Vec<usize> = (0..WORKERS).filter(|&w| outcomes[w][round] == Some(true)).collect();
         assert!(winners.len() <= 1, "{key}: at most one no-wait claim may be true, got winners {winners:?}");
-        let effects: Vec<i32> = check
-            .query("SELECT worker FROM effects WHERE key = $1", &[key])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let effects = committed_effects(&mut check, key);
         let expected: Vec<i32> = winners.iter().map(|&w| w as i32).collect();
         assert_eq!(effects, expected, "{key}: exactly the winner's side effect is committed");
         assert_eq!(

@@ -43,6 +43,23 @@ fn empty_ledger(c: &mut Client) {
     assert_eq!(retention, "7 days", "the fixtures assume idempotency.default_retention = 7 days");
 }
 
+/// An emptied ledger refilled with `rows` claims keyed `prefix || i`: every `fresh_every`-th
+/// one a day old (inside the 7-day default retention), the others 30 days old (expired),
+/// interleaved in the heap.
+fn fill_interleaved(c: &mut postgres::Client, prefix: &str, rows: i64, fresh_every: i64) {
+    empty_ledger(c);
+    ok(
+        c.execute(
+            "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at) \
+             SELECT idem_digest($1 || i), idem_scope_id('default'), \
+                    CASE WHEN i % $3 = 0 THEN now() - interval '1 day' ELSE now() - interval '30 days' END \
+             FROM generate_series(1, $2::int8) AS i",
+            &[&prefix, &rows, &fresh_every],
+        ),
+        "insert interleaved expired and fresh claims",
+    );
+}
+
 fn count(c: &mut Client, sql: &str) -> i64 {
     ok(c.query_one(sql, &[]), sql).get(0)
 }
@@ -93,17 +110,7 @@ fn two_purges_at_once_delete_every_expired_claim_exactly_once() {
     let _turn = one_at_a_time();
     let db = db();
     let mut setup = db.connect("retention-2purges-setup");
-    empty_ledger(&mut setup);
-    ok(
-        setup.execute(
-            "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at) \
-             SELECT idem_digest('p1-' || i), idem_scope_id('default'), \
-                    CASE WHEN i % 5 = 0 THEN now() - interval '1 day' ELSE now() - interval '30 days' END \
-             FROM generate_series(1, $1::int8) AS i",
-            &[&(EXPIRED + FRESH)],
-        ),
-        "insert interleaved expired and fresh claims",
-    );
+    fill_interleaved(&mut setup, "p1-", EXPIRED + FRESH, 5);
     let blocks = ledger_blocks(&mut setup);
 
     let mut purgers = [db.session("retention-purge-1"), db.session("retention-purge-2")];
@@ -192,17 +199,7 @@ fn purge_beside_live_claims_and_its_progress() {
     let _turn = one_at_a_time();
     let db = db();
     let mut observer = db.connect("retention-live-observer");
-    empty_ledger(&mut observer);
-    ok(
-        observer.execute(
-            "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at) \
-             SELECT idem_digest('p2-' || i), idem_scope_id('default'), \
-                    CASE WHEN i % 11 = 0 THEN now() - interval '1 day' ELSE now() - interval '30 days' END \
-             FROM generate_series(1, $1::int8) AS i",
-            &[&ROWS],
-        ),
-        "insert interleaved expired and fresh claims",
-    );
+    fill_interleaved(&mut observer, "p2-", ROWS, 11);
     let blocks = ledger_blocks(&mut observer);
     assert!(blocks > 2 * i64::from(BATCH), "the ledger spans more than two batches ({blocks} blocks)");
     let first_batch_expired = count(
