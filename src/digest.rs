@@ -9,13 +9,14 @@ use sha2::{Digest, Sha256};
 use crate::error::{required, IdemError, Result, SqlState};
 
 /// A consumer claims in one scope, over and over: the last scope's id is kept per backend.
+/// (Scope names are never empty, so the initial empty name never matches.)
 fn scope_id(name: &str) -> i64 {
     thread_local! {
         static LAST: std::cell::RefCell<(String, i64)> = const { std::cell::RefCell::new((String::new(), 0)) };
     }
     LAST.with(|last| {
         let mut last = last.borrow_mut();
-        if last.0 != name || last.0.is_empty() {
+        if last.0 != name {
             let hash = Sha256::digest(name.as_bytes());
             *last = (name.to_string(), i64::from_be_bytes(hash[..8].try_into().expect("SHA-256 has 32 bytes")));
         }

@@ -176,13 +176,7 @@ fn palloc_cstr(text: Option<String>) -> *mut c_char {
 /// error with its own SQLSTATE.
 macro_rules! sqlstate_entry {
     ($entry:ident, $finfo:ident, $wrapper:path) => {
-        #[no_mangle]
-        #[doc(hidden)]
-        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
-            const V1: ::pgrx::pg_sys::Pg_finfo_record =
-                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
-            &V1
-        }
+        $crate::error::v1_finfo!($finfo);
 
         #[no_mangle]
         #[doc(hidden)]
@@ -196,3 +190,17 @@ macro_rules! sqlstate_entry {
     };
 }
 pub(crate) use sqlstate_entry;
+
+/// The `pg_finfo_*` record that tells PostgreSQL a hand-declared C function uses the V1
+/// calling convention.
+macro_rules! v1_finfo {
+    ($finfo:ident) => {
+        #[no_mangle]
+        #[doc(hidden)]
+        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+            const V1: ::pgrx::pg_sys::Pg_finfo_record = ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            &V1
+        }
+    };
+}
+pub(crate) use v1_finfo;

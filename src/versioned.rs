@@ -19,7 +19,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::OwnedPreparedStatement;
 
-use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
+use crate::error::{finish, required, sqlstate_entry, v1_finfo, IdemError, Result, SqlState};
 use crate::jsonb::{object_members, Member};
 use crate::plans::{execute, prepare, Statement};
 
@@ -385,11 +385,11 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
     let version = required(version, "version_column")?;
     let table = Table::load(target)?;
     table.version_order(version)?;
-    let literal = format!("'{}'", version.replace('\'', "''"));
     Spi::run(&format!(
         "CREATE OR REPLACE TRIGGER idem_version_guard BEFORE UPDATE ON {} \
-         FOR EACH ROW EXECUTE FUNCTION idempotency.version_guard({literal})",
-        table.name
+         FOR EACH ROW EXECUTE FUNCTION idempotency.version_guard({})",
+        table.name,
+        quote_literal(version)
     ))
     .unwrap_or_else(|e| panic!("could not create the version guard: {e}"));
     Ok(())
@@ -437,13 +437,7 @@ pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::Funct
     }
 }
 
-#[no_mangle]
-#[doc(hidden)]
-pub extern "C" fn pg_finfo_idem_version_guard_trigger() -> &'static pg_sys::Pg_finfo_record {
-    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
-    &V1
-}
-
+v1_finfo!(pg_finfo_idem_version_guard_trigger);
 
 /// A `name` argument arrives as a NUL-terminated NameData, not as text.
 fn name_arg(name: Option<&CStr>) -> Result<Option<&str>> {
