@@ -4,7 +4,7 @@
 PG_MAJOR      ?= 15
 PG_CONFIG     ?= /usr/lib/postgresql/$(PG_MAJOR)/bin/pg_config
 PGRX_VERSION  := 0.18.1
-PGXS_TEST     := $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)/pgxs/src/test
+PGXS_TEST     = $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)/pgxs/src/test
 APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) postgresql-$(PG_MAJOR)-cron \
                  postgresql-contrib libclang-dev sudo pkg-config
 # A throwaway cluster with pg_cron preloaded; everything that needs a server runs inside it.
@@ -13,35 +13,32 @@ REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs/*.spec))))
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
 
-.PHONY: all deps install demo test regress pgrx-test bench clean
+.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test bench clean
 
 all: install
 
 # --- set-up ----------------------------------------------------------------------------
-deps: .make/apt .make/cargo-pgrx .make/pgrx-init
+# Each step checks the machine itself rather than a stamp file, so a clone carried to a
+# new machine still installs what that machine lacks; on a ready machine they take seconds.
+deps: apt-deps cargo-pgrx pgrx-init
 
-.make/apt:
-	@mkdir -p .make
+apt-deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing with apt: $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
-	@touch $@
 
-.make/cargo-pgrx:
-	@mkdir -p .make
+cargo-pgrx:
 	@if ! cargo pgrx --version 2>/dev/null | grep -q ' $(PGRX_VERSION)$$'; then \
 	  cargo install cargo-pgrx --version $(PGRX_VERSION) --locked; \
 	fi
-	@touch $@
 
 # pgrx only needs to know the system pg_config; it must never download PostgreSQL.
-.make/pgrx-init: .make/apt .make/cargo-pgrx
+pgrx-init: apt-deps cargo-pgrx
 	@if ! grep -qs '^pg$(PG_MAJOR) *= *"$(PG_CONFIG)"' $${PGRX_HOME:-$$HOME/.pgrx}/config.toml; then \
 	  cargo pgrx init --pg$(PG_MAJOR) $(PG_CONFIG); \
 	fi
-	@touch $@
 
 # --- build and install -----------------------------------------------------------------
 install: deps
@@ -71,4 +68,4 @@ bench: install
 
 clean:
 	cargo clean
-	rm -rf .make results
+	rm -rf results
