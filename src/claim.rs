@@ -4,6 +4,7 @@
 //! transaction's fate, which is exactly the answer a consumer needs.
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::CStr;
 
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone, Uuid};
 use pgrx::pg_sys;
@@ -11,6 +12,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 
 use crate::digest::{fingerprint, parse_key, Scope};
+use crate::direct::{self, Insert, Permissions, Target};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::plans::Statement;
 use crate::retention::check_late_replay;
@@ -40,6 +42,159 @@ static INSERT_MANY: Statement = Statement {
           ON CONFLICT (key_digest) DO NOTHING RETURNING key_digest",
     args: &[pg_sys::UUIDARRAYOID, pg_sys::INT8OID],
 };
+
+/// The ledger opened for claims without SPI (see [`crate::direct`]). The SPI statements above
+/// stay the way in when a DBA has given the ledger what only the full executor honours:
+/// row-level security for tenants, an audit trigger, a rule, an extra column.
+struct Ledger {
+    target: Target,
+    row: *mut pg_sys::TupleTableSlot,
+    scratch: *mut pg_sys::TupleTableSlot,
+    arbiter: pg_sys::Oid,
+}
+
+/// The ledger's columns, in table order, as sql/schema.sql creates them.
+const LEDGER_TYPES: [pg_sys::Oid; 5] = [pg_sys::UUIDOID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::UUIDOID, pg_sys::JSONBOID];
+const KEY_DIGEST: usize = 0;
+const SCOPE_ID: usize = 1;
+const CLAIMED_AT: usize = 2;
+const FINGERPRINT: usize = 3;
+
+/// The columns a claim names in its INSERT, and so needs INSERT privilege on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Columns {
+    /// idem_claim: key_digest, scope_id, fingerprint.
+    Single,
+    /// idem_claim_many: key_digest, scope_id.
+    Batch,
+}
+
+impl Columns {
+    fn attnums(self) -> &'static [i16] {
+        match self {
+            Columns::Single => &[1, 2, 4],
+            Columns::Batch => &[1, 2],
+        }
+    }
+}
+
+thread_local! {
+    /// The OIDs of schema idempotency and of its ledger, found once per backend and checked
+    /// against the opened relation on every use (the extension may be dropped and recreated).
+    static LEDGER_OIDS: std::cell::Cell<(pg_sys::Oid, pg_sys::Oid)> =
+        const { std::cell::Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
+    /// The INSERT privilege checks of both kinds of claim, for the ledger they were made for.
+    static LEDGER_PERMISSIONS: std::cell::RefCell<Option<(pg_sys::Oid, [Permissions; 2])>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The permission check of a claim on the ledger `relid`, built once per backend (and again
+/// if the extension is recreated; the old one's few bytes stay in TopMemoryContext).
+fn ledger_permissions<R>(relid: pg_sys::Oid, columns: Columns, with: impl FnOnce(&Permissions) -> R) -> R {
+    LEDGER_PERMISSIONS.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if !matches!(&*cache, Some((oid, _)) if *oid == relid) {
+            let build = |c: Columns| unsafe {
+                Permissions::new(relid, pg_sys::ACL_INSERT, &[], c.attnums(), &[], pg_sys::TopMemoryContext)
+            };
+            *cache = Some((relid, [build(Columns::Single), build(Columns::Batch)]));
+        }
+        let (_, permissions) = cache.as_ref().expect("just filled");
+        with(&permissions[(columns == Columns::Batch) as usize])
+    })
+}
+
+impl Ledger {
+    /// Opens the ledger for claims that write `columns`, after the same privilege checks the
+    /// INSERT would get; None when the claim must go through SPI instead.
+    fn open(columns: Columns) -> Option<Ledger> {
+        unsafe {
+            let rel = open_ledger_relation();
+            if !direct::is_plain(rel) || !has_ledger_shape(rel) {
+                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                return None;
+            }
+            let target = ledger_permissions((*rel).rd_id, columns, |p| Target::begin(rel, p, true, false));
+            let row = target.virtual_slot();
+            let scratch = target.table_slot();
+            Some(Ledger { target, row, scratch, arbiter: pg_sys::RelationGetPrimaryKeyIndex(rel) })
+        }
+    }
+
+    /// Inserts the claim unless (scope, key) is already claimed; true when inserted.
+    fn claim(&self, digest: Uuid, scope_id: i64, fingerprint: Option<Uuid>) -> bool {
+        unsafe {
+            let row = self.row;
+            pg_sys::ExecClearTuple(row);
+            let values = std::slice::from_raw_parts_mut((*row).tts_values, LEDGER_TYPES.len());
+            let nulls = std::slice::from_raw_parts_mut((*row).tts_isnull, LEDGER_TYPES.len());
+            nulls.fill(true);
+            (values[KEY_DIGEST], nulls[KEY_DIGEST]) = (digest.into_datum().expect("a uuid datum"), false);
+            (values[SCOPE_ID], nulls[SCOPE_ID]) = (pg_sys::Datum::from(scope_id), false);
+            (values[CLAIMED_AT], nulls[CLAIMED_AT]) = (pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp()), false);
+            if let Some(fingerprint) = fingerprint {
+                (values[FINGERPRINT], nulls[FINGERPRINT]) = (fingerprint.into_datum().expect("a uuid datum"), false);
+            }
+            pg_sys::ExecStoreVirtualTuple(row);
+            matches!(self.target.insert_unless_present(row, self.arbiter, self.scratch), Insert::Inserted)
+        }
+    }
+
+    fn finish(self) {
+        let rel = self.target.rel;
+        self.target.finish();
+        unsafe { pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
+    }
+}
+
+/// Opens idempotency.ledger with RowExclusiveLock once the caller may use its schema, the
+/// check that resolving the name in SQL would make.
+unsafe fn open_ledger_relation() -> pg_sys::Relation {
+    let lock = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+    let (mut schema, mut oid) = LEDGER_OIDS.get();
+    if schema == pg_sys::InvalidOid {
+        (schema, oid) = find_ledger();
+    }
+    loop {
+        let usage = pg_sys::pg_namespace_aclcheck(schema, pg_sys::GetUserId(), pg_sys::ACL_USAGE as pg_sys::AclMode);
+        if usage != pg_sys::AclResult::ACLCHECK_OK {
+            pg_sys::aclcheck_error(usage, pg_sys::ObjectType::OBJECT_SCHEMA, c"idempotency".as_ptr());
+        }
+        let rel = pg_sys::try_relation_open(oid, lock);
+        if !rel.is_null()
+            && (*(*rel).rd_rel).relnamespace == schema
+            && CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr()) == c"ledger"
+        {
+            return rel;
+        }
+        // The extension was dropped and created again since this backend last claimed.
+        if !rel.is_null() {
+            pg_sys::relation_close(rel, lock);
+        }
+        (schema, oid) = find_ledger();
+    }
+}
+
+unsafe fn find_ledger() -> (pg_sys::Oid, pg_sys::Oid) {
+    let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), false);
+    let oid = pg_sys::get_relname_relid(c"ledger".as_ptr(), schema);
+    if oid == pg_sys::InvalidOid {
+        error!("idempotency: relation idempotency.ledger does not exist; reinstall the extension");
+    }
+    LEDGER_OIDS.set((schema, oid));
+    (schema, oid)
+}
+
+/// The columns sql/schema.sql created, and no others: a column a DBA added may have a
+/// default that only an INSERT statement would fill in.
+unsafe fn has_ledger_shape(rel: pg_sys::Relation) -> bool {
+    let desc = &*(*rel).rd_att;
+    desc.natts as usize == LEDGER_TYPES.len()
+        && LEDGER_TYPES.iter().enumerate().all(|(i, &type_oid)| {
+            let attr = &*desc.attrs.as_ptr().add(i);
+            !attr.attisdropped && attr.atttypid == type_oid
+        })
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Wait {
@@ -76,9 +231,17 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
         DatumWithOid::from(scope.id),
         DatumWithOid::from(fingerprint),
     ];
+    let insert = || match Ledger::open(Columns::Single) {
+        Some(ledger) => {
+            let inserted = ledger.claim(digest, scope.id, fingerprint);
+            ledger.finish();
+            inserted
+        }
+        None => INSERT_CLAIM.run(&args, |t| t.len() == 1),
+    };
     let inserted = match wait {
-        Wait::Block => INSERT_CLAIM.run(&args, |t| t.len() == 1),
-        Wait::NoWait => insert_without_waiting(&args, key)?,
+        Wait::Block => insert(),
+        Wait::NoWait => insert_without_waiting(insert, key)?,
     };
     if inserted {
         if let Some(sent_at) = sent_at {
@@ -116,7 +279,7 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
 /// The claim with lock_timeout at its 1 ms minimum for the INSERT alone: PostgreSQL has no
 /// NOWAIT for ON CONFLICT, and the wait for another transaction's uncommitted row is a lock
 /// wait that lock_timeout ends.
-fn insert_without_waiting(args: &[DatumWithOid<'_>], key: &str) -> Result<bool> {
+fn insert_without_waiting(insert: impl Fn() -> bool + std::panic::RefUnwindSafe, key: &str) -> Result<bool> {
     struct Restore(i32);
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -125,7 +288,7 @@ fn insert_without_waiting(args: &[DatumWithOid<'_>], key: &str) -> Result<bool> 
     }
     let _restore = Restore(unsafe { pg_sys::LockTimeout });
     unsafe { pg_sys::LockTimeout = 1 };
-    PgTryBuilder::new(|| Ok(INSERT_CLAIM.run(args, |t| t.len() == 1)))
+    PgTryBuilder::new(|| Ok(insert()))
         .catch_when(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| {
             Err(IdemError::new(
                 SqlState::LockNotAvailable,
@@ -183,16 +346,19 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
         return Ok(Vec::new());
     }
     distinct.sort_unstable();
-    let batch: Vec<Uuid> = distinct.iter().map(|d| Uuid::from_bytes(*d)).collect();
-    let inserted: HashSet<[u8; 16]> = INSERT_MANY.run(
-        &[DatumWithOid::from(batch), DatumWithOid::from(scope.id)],
-        |table| {
-            table
-                .filter_map(|row| row.get::<Uuid>(1).ok().flatten())
-                .map(|d| *d.as_bytes())
-                .collect()
-        },
-    );
+    let inserted: HashSet<[u8; 16]> = match Ledger::open(Columns::Batch) {
+        Some(ledger) => {
+            let new = distinct.iter().filter(|d| ledger.claim(Uuid::from_bytes(**d), scope.id, None)).copied().collect();
+            ledger.finish();
+            new
+        }
+        None => {
+            let batch: Vec<Uuid> = distinct.iter().map(|d| Uuid::from_bytes(*d)).collect();
+            INSERT_MANY.run(&[DatumWithOid::from(batch), DatumWithOid::from(scope.id)], |table| {
+                table.filter_map(|row| row.get::<Uuid>(1).ok().flatten()).map(|d| *d.as_bytes()).collect()
+            })
+        }
+    };
     Ok(digests
         .iter()
         .enumerate()

@@ -1,6 +1,7 @@
-//! Reading the top level of a jsonb object in place: versioned writes need only the key
-//! names (and which values are JSON null) to pick their cached statement, so the values are
-//! never converted; PostgreSQL coerces them inside the statement.
+//! Reading the top level of a jsonb object in place: versioned writes pick their cached
+//! plan by the key names alone, and each value stays a JsonbValue borrowed from the datum
+//! until it is coerced into its column's type. This runs on every versioned write, so it
+//! reads jsonb's documented container format directly instead of driving JsonbIterator.
 
 use pgrx::pg_sys;
 
@@ -10,35 +11,97 @@ use crate::error::{IdemError, Result, SqlState};
 pub struct Member<'a> {
     pub name: &'a str,
     pub is_null: bool,
+    /// Scalars as they are, nested arrays and objects as jbvBinary containers.
+    pub value: pg_sys::JsonbValue,
 }
 
-/// The members of a jsonb object in jsonb's own key order (stable for a given key set).
+// jsonb's on-disk layout (utils/jsonb.h), which PostgreSQL keeps stable across releases: a
+// container header with the member count and kind, then a JEntry per key and per value,
+// then their data.
+const JB_CMASK: u32 = 0x0FFF_FFFF;
+const JB_FOBJECT: u32 = 0x2000_0000;
+const JENTRY_OFFLENMASK: u32 = 0x0FFF_FFFF;
+const JENTRY_TYPEMASK: u32 = 0x7000_0000;
+const JENTRY_HAS_OFF: u32 = 0x8000_0000;
+const JENTRY_ISSTRING: u32 = 0x0000_0000;
+const JENTRY_ISNUMERIC: u32 = 0x1000_0000;
+const JENTRY_ISBOOL_FALSE: u32 = 0x2000_0000;
+const JENTRY_ISBOOL_TRUE: u32 = 0x3000_0000;
+const JENTRY_ISNULL: u32 = 0x4000_0000;
+
+/// Where child `index` starts in the container's data: JEntries hold either a length or, every
+/// few entries, an end offset (getJsonbOffset).
+unsafe fn offset(children: *const u32, index: usize) -> usize {
+    let mut offset = 0;
+    for i in (0..index).rev() {
+        let entry = *children.add(i);
+        offset += (entry & JENTRY_OFFLENMASK) as usize;
+        if entry & JENTRY_HAS_OFF != 0 {
+            break;
+        }
+    }
+    offset
+}
+
+/// getJsonbLength.
+unsafe fn length(children: *const u32, index: usize, start: usize) -> usize {
+    let entry = *children.add(index);
+    let field = (entry & JENTRY_OFFLENMASK) as usize;
+    if entry & JENTRY_HAS_OFF != 0 { field - start } else { field }
+}
+
+const fn int_align(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// The members of a jsonb object in jsonb's own key order (stable for a given key set), read
+/// straight from the container as jsonb's fillJsonbValue reads it: no iterator, no copies.
 ///
 /// # Safety
 /// `datum` must be a jsonb datum that outlives the returned borrows (an argument of the call).
 pub unsafe fn object_members<'a>(datum: pg_sys::Datum, argument: &str) -> Result<Vec<Member<'a>>> {
     let jsonb = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::Jsonb;
-    let mut iterator = pg_sys::JsonbIteratorInit(&mut (*jsonb).root);
-    let mut value: pg_sys::JsonbValue = std::mem::zeroed();
-    if pg_sys::JsonbIteratorNext(&mut iterator, &mut value, false) != pg_sys::JsonbIteratorToken::WJB_BEGIN_OBJECT {
+    let root = &raw const (*jsonb).root;
+    let header = (*root).header;
+    if header & JB_FOBJECT == 0 {
         return Err(IdemError::new(SqlState::InvalidParameterValue, format!("{argument} must be a JSON object")));
     }
-    let mut members = Vec::new();
-    let mut name = "";
-    loop {
-        match pg_sys::JsonbIteratorNext(&mut iterator, &mut value, true) {
-            pg_sys::JsonbIteratorToken::WJB_KEY => {
-                let s = value.val.string;
-                let bytes = std::slice::from_raw_parts(s.val as *const u8, s.len as usize);
-                name = std::str::from_utf8(bytes).map_err(|_| {
-                    IdemError::new(SqlState::InvalidParameterValue, format!("{argument} has a key that is not UTF-8"))
-                })?;
+    let pairs = (header & JB_CMASK) as usize;
+    let children = (*root).children.as_ptr() as *const u32;
+    let data = children.add(2 * pairs) as *const u8;
+    let mut members = Vec::with_capacity(pairs);
+    for i in 0..pairs {
+        let key_start = offset(children, i);
+        let key = std::slice::from_raw_parts(data.add(key_start), length(children, i, key_start));
+        let name = std::str::from_utf8(key).map_err(|_| {
+            IdemError::new(SqlState::InvalidParameterValue, format!("{argument} has a key that is not UTF-8"))
+        })?;
+        let index = pairs + i;
+        let entry = *children.add(index);
+        let start = offset(children, index);
+        let mut value: pg_sys::JsonbValue = std::mem::zeroed();
+        match entry & JENTRY_TYPEMASK {
+            JENTRY_ISNULL => value.type_ = pg_sys::jbvType::jbvNull,
+            JENTRY_ISSTRING => {
+                value.type_ = pg_sys::jbvType::jbvString;
+                value.val.string.val = data.add(start) as *mut std::ffi::c_char;
+                value.val.string.len = length(children, index, start) as i32;
             }
-            pg_sys::JsonbIteratorToken::WJB_VALUE => {
-                members.push(Member { name, is_null: value.type_ == pg_sys::jbvType::jbvNull });
+            JENTRY_ISNUMERIC => {
+                value.type_ = pg_sys::jbvType::jbvNumeric;
+                value.val.numeric = data.add(int_align(start)) as pg_sys::Numeric;
             }
-            _ => break,
+            JENTRY_ISBOOL_FALSE | JENTRY_ISBOOL_TRUE => {
+                value.type_ = pg_sys::jbvType::jbvBool;
+                value.val.boolean = entry & JENTRY_TYPEMASK == JENTRY_ISBOOL_TRUE;
+            }
+            _ => {
+                value.type_ = pg_sys::jbvType::jbvBinary;
+                value.val.binary.data = data.add(int_align(start)) as *mut pg_sys::JsonbContainer;
+                value.val.binary.len = (length(children, index, start) - (int_align(start) - start)) as i32;
+            }
         }
+        members.push(Member { name, is_null: value.type_ == pg_sys::jbvType::jbvNull, value });
     }
     Ok(members)
 }

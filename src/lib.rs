@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 
 mod claim;
 mod digest;
+mod direct;
 mod error;
 mod jsonb;
 mod keys;
@@ -22,6 +23,7 @@ extension_sql_file!("../sql/retention.sql", name = "retention", finalize);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     retention::define_settings();
+    direct::define_settings();
 }
 
 #[cfg(test)]

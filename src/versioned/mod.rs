@@ -23,6 +23,9 @@ use crate::error::{finish, required, sqlstate_entry, v1_finfo, IdemError, Result
 use crate::jsonb::{object_members, Member};
 use crate::plans::{execute, prepare, Statement};
 
+mod direct;
+use direct::DirectUpdate;
+
 static RELATION: Statement = Statement {
     sql: "SELECT c.relkind::text, pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' \
                  OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname) \
@@ -198,15 +201,23 @@ fn quote_literal(text: &str) -> String {
     }
 }
 
+/// How a write of one shape is carried out.
+enum Plan {
+    /// The generated statement, run through SPI.
+    Statement(OwnedPreparedStatement),
+    /// The same write without SPI, for a plain table (see [`direct`]).
+    Direct(DirectUpdate),
+}
+
 thread_local! {
-    static PLANS: RefCell<HashMap<(pg_sys::Oid, String), Rc<OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<(pg_sys::Oid, String), Rc<Plan>>> = RefCell::new(HashMap::new());
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Relcache invalidation: forget the plans of the table (of every table when relid is 0).
 unsafe extern "C-unwind" fn forget_plans(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     // Plans are dropped after the borrow ends: freeing one must not find the map borrowed.
-    let dropped: Vec<Rc<OwnedPreparedStatement>> = PLANS.with(|p| {
+    let dropped: Vec<Rc<Plan>> = PLANS.with(|p| {
         let mut plans = p.borrow_mut();
         let stale: Vec<_> = plans.keys().filter(|k| relid == pg_sys::InvalidOid || k.0 == relid).cloned().collect();
         stale.iter().filter_map(|k| plans.remove(k)).collect()
@@ -214,14 +225,10 @@ unsafe extern "C-unwind" fn forget_plans(_arg: pg_sys::Datum, relid: pg_sys::Oid
     drop(dropped);
 }
 
-/// The plan for a statement shape: its table, and a signature naming the operation, the
-/// version column and the column sets.
-fn cached_plan(
-    table: pg_sys::Oid,
-    signature: String,
-    args: &[pg_sys::Oid],
-    build: impl FnOnce() -> Result<String>,
-) -> Result<Rc<OwnedPreparedStatement>> {
+/// The plan for a write shape: its table, and a signature naming the operation, the
+/// version column and the column sets. Any relcache invalidation of the table drops it, and
+/// with it the decision whether the table is plain enough for a direct write.
+fn cached_plan(table: pg_sys::Oid, signature: String, build: impl FnOnce() -> Result<Plan>) -> Result<Rc<Plan>> {
     if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_plans), pg_sys::Datum::from(0)) };
     }
@@ -229,13 +236,23 @@ fn cached_plan(
     if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).cloned()) {
         return Ok(plan);
     }
-    let plan = Rc::new(prepare(&build()?, args));
+    let plan = Rc::new(build()?);
     PLANS.with(|p| p.borrow_mut().insert(key, plan.clone()));
     Ok(plan)
 }
 
+/// Runs a plan's statement with its jsonb arguments; true when a row was written.
+fn run_statement(plan: &Plan, args: &[pg_sys::Datum]) -> bool {
+    let Plan::Statement(statement) = plan else { unreachable!("a direct plan is run by its caller") };
+    let args: Vec<DatumWithOid<'static>> = args.iter().map(|&d| unsafe { DatumWithOid::new(d, pg_sys::JSONBOID) }).collect();
+    execute(statement, &args, |t| t.len() > 0)
+}
+
 fn signature(operation: &str, version: &str, sets: &[&[Member<'_>]]) -> String {
-    let mut signature = format!("{operation}\u{1}{version}");
+    let mut signature = String::with_capacity(64);
+    signature.push_str(operation);
+    signature.push('\u{1}');
+    signature.push_str(version);
     for set in sets {
         signature.push('\u{1}');
         for member in *set {
@@ -265,10 +282,6 @@ fn jsonb_arg<'a>(datum: Option<pg_sys::Datum>, name: &str) -> Result<(pg_sys::Da
     Ok((datum, unsafe { object_members(datum, name)? }))
 }
 
-fn jsonb_param(datum: pg_sys::Datum) -> DatumWithOid<'static> {
-    unsafe { DatumWithOid::new(datum, pg_sys::JSONBOID) }
-}
-
 fn versioned_update(
     target: Option<pg_sys::Oid>,
     key: Option<pg_sys::Datum>,
@@ -295,7 +308,12 @@ fn versioned_update(
         }
     }
     let table_oid = required(target, "target")?;
-    let plan = cached_plan(table_oid, signature("update", version, &[&key_members, &change_members]), &[pg_sys::JSONBOID, pg_sys::JSONBOID], || {
+    // Locked before the plan is looked up, so that a concurrent ALTER TABLE's invalidation
+    // has dropped a stale plan by then.
+    let rel = unsafe { pg_sys::try_relation_open(table_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+    // A plan made while direct writes were off is a statement: the setting is in its name.
+    let operation = if crate::direct::DIRECT_WRITES.get() { "update" } else { "update by statement" };
+    let plan = cached_plan(table_oid, signature(operation, version, &[&key_members, &change_members]), || {
         let table = Table::load(target)?;
         let newer = table.version_order(version)?;
         for member in &change_members {
@@ -326,15 +344,24 @@ fn versioned_update(
             matches.push(format!("t.{} {} {}", quote_ident(member.name), table.equality(member.name)?, table.value_of("$1", member.name)?));
         }
         let v = quote_ident(version);
-        Ok(format!(
+        let sql = format!(
             "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version})",
             table = table.name,
             set = set.join(", "),
             matches = matches.join(" AND "),
             new_version = table.value_of("$2", version)?,
-        ))
+        );
+        Ok(match unsafe { DirectUpdate::plan(rel, &key_members, &change_members, version) } {
+            Some(direct) => Plan::Direct(direct),
+            None => Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])),
+        })
     })?;
-    Ok(execute(&plan, &[jsonb_param(key), jsonb_param(changes)], |t| t.len() > 0))
+    let changed = match &*plan {
+        Plan::Direct(direct) => unsafe { direct.run(rel, &key_members, &change_members) },
+        statement => run_statement(statement, &[key, changes]),
+    };
+    unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
+    Ok(changed)
 }
 
 fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, version: Option<&str>) -> Result<bool> {
@@ -342,7 +369,7 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
     let (row, members) = jsonb_arg(row, "row")?;
     version_value(target, &members, version, "row")?;
     let table_oid = required(target, "target")?;
-    let plan = cached_plan(table_oid, signature("upsert", version, &[&members]), &[pg_sys::JSONBOID], || {
+    let plan = cached_plan(table_oid, signature("upsert", version, &[&members]), || {
         let table = Table::load(target)?;
         let newer = table.version_order(version)?;
         let primary = table.unique_keys().into_iter().find(|(primary, _)| *primary).map(|(_, cols)| cols);
@@ -366,7 +393,7 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
             .map(|m| format!("{0} = EXCLUDED.{0}", quote_ident(m.name)))
             .collect();
         let v = quote_ident(version);
-        Ok(format!(
+        let sql = format!(
             "INSERT INTO {table} AS t ({columns}) VALUES ({values}) \
              ON CONFLICT ({conflict}) DO UPDATE SET {set} \
              WHERE t.{v} IS NULL OR t.{v} {newer} EXCLUDED.{v}",
@@ -375,9 +402,10 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
             values = values.join(", "),
             conflict = primary.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "),
             set = set.join(", "),
-        ))
+        );
+        Ok(Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID])))
     })?;
-    Ok(execute(&plan, &[jsonb_param(row)], |t| t.len() > 0))
+    Ok(run_statement(&plan, &[row]))
 }
 
 /// Installs (or replaces) the guard trigger after checking that the column can be ordered.

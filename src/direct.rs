@@ -1,0 +1,373 @@
+//! Writes without SPI. A statement run through SPI from inside a function pays a second
+//! executor start-up, snapshot and command-counter step, and a plan revalidation, on every
+//! call; for a one-row write that is most of its cost. Here one row goes through the table and
+//! index access methods in the very steps PostgreSQL's ModifyTable node takes for it
+//! (nodeModifyTable.c: ExecInsert's speculative insertion, ExecUpdate's concurrent-update
+//! recheck), with the same permission checks and the same errors.
+//!
+//! Only a plain table qualifies: [`is_plain`] sends anything with triggers (foreign keys
+//! included), rules, row-level security, generated columns or partitions to the caller's SPI
+//! statement, which lets the full executor honour them.
+//!
+//! Error handling: a PostgreSQL error raised in here aborts the transaction, and the abort
+//! releases everything a [`Target`] holds (memory, relation and buffer references, the
+//! snapshot, locks), so only the success path cleans up, in [`Target::finish`].
+
+use std::ptr;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+/// `idempotency.direct_writes`: off sends every write through its SPI statement. The two
+/// ways give the same results (the test suite runs both); the switch is for measuring the
+/// difference and for a DBA who wants the executor's path whatever it costs.
+pub static DIRECT_WRITES: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+pub fn define_settings() {
+    GucRegistry::define_bool_guc(
+        c"idempotency.direct_writes",
+        c"Write claims and versioned updates of plain tables without SPI.",
+        c"Off runs each write as its SQL statement through SPI, with the same results and a higher cost per call.",
+        &DIRECT_WRITES,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+}
+
+/// Whether a write to `rel` may bypass the executor: direct writes are on, and it is a table
+/// with nothing attached that only the executor applies.
+///
+/// # Safety
+/// `rel` must be an open relation.
+pub unsafe fn is_plain(rel: pg_sys::Relation) -> bool {
+    if !DIRECT_WRITES.get() {
+        return false;
+    }
+    let class = &*(*rel).rd_rel;
+    let constr = (*(*rel).rd_att).constr;
+    class.relkind as u8 == pg_sys::RELKIND_RELATION
+        && !class.relispartition
+        && !class.relrowsecurity
+        && (*rel).trigdesc.is_null()
+        && (*rel).rd_rules.is_null()
+        && (constr.is_null() || !(*constr).has_generated_stored)
+}
+
+/// The privileges a write needs, by column, as the executor checks them for the statement
+/// the write replaces: a one-entry range table, built once and kept in `context` (it is
+/// only read by the permission check and the executor state that points at it).
+pub struct Permissions {
+    range_table: *mut pg_sys::List,
+}
+
+impl Permissions {
+    /// # Safety
+    /// `context` must outlive every use of the result.
+    pub unsafe fn new(
+        relid: pg_sys::Oid,
+        mode: u32,
+        selected: &[i16],
+        inserted: &[i16],
+        updated: &[i16],
+        context: pg_sys::MemoryContext,
+    ) -> Permissions {
+        let caller = pg_sys::MemoryContextSwitchTo(context);
+        let rte = pg_sys::palloc0(std::mem::size_of::<pg_sys::RangeTblEntry>()) as *mut pg_sys::RangeTblEntry;
+        (*rte).type_ = pg_sys::NodeTag::T_RangeTblEntry;
+        (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
+        (*rte).relid = relid;
+        (*rte).relkind = pg_sys::RELKIND_RELATION as _;
+        (*rte).rellockmode = pg_sys::RowExclusiveLock as i32;
+        (*rte).requiredPerms = mode as pg_sys::AclMode;
+        (*rte).selectedCols = bitmap(selected);
+        (*rte).insertedCols = bitmap(inserted);
+        (*rte).updatedCols = bitmap(updated);
+        let range_table = pg_sys::lappend(ptr::null_mut(), rte.cast());
+        pg_sys::MemoryContextSwitchTo(caller);
+        Permissions { range_table }
+    }
+
+    /// None yet: for a plan still being built.
+    pub const fn unset() -> Permissions {
+        Permissions { range_table: ptr::null_mut() }
+    }
+
+    fn updates(&self) -> bool {
+        unsafe { !(*(pg_sys::list_nth(self.range_table, 0) as *mut pg_sys::RangeTblEntry)).updatedCols.is_null() }
+    }
+}
+
+/// A table opened for writing rows within the caller's statement.
+pub struct Target {
+    pub rel: pg_sys::Relation,
+    estate: *mut pg_sys::EState,
+    rri: *mut pg_sys::ResultRelInfo,
+    caller_context: pg_sys::MemoryContext,
+    snapshot_pushed: bool,
+}
+
+/// What a speculative insertion found.
+pub enum Insert {
+    Inserted,
+    /// A committed row, or one of this transaction's, already holds the key.
+    Conflict,
+}
+
+/// The outcome of updating one row.
+pub enum Update {
+    Updated,
+    /// The row is gone, or no longer the one the caller looked for.
+    Skipped,
+    /// A concurrent transaction changed the row; its newest version is now in the old slot,
+    /// locked, and the caller judges it again.
+    Recheck,
+}
+
+fn bitmap(attnums: &[i16]) -> *mut pg_sys::Bitmapset {
+    attnums.iter().fold(ptr::null_mut(), |set, &attnum| unsafe {
+        pg_sys::bms_add_member(set, i32::from(attnum) - pg_sys::FirstLowInvalidHeapAttributeNumber)
+    })
+}
+
+fn uses_transaction_snapshot() -> bool {
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+fn serialization_failure(what: &str) -> ! {
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        format!("could not serialize access due to concurrent {what}")
+    );
+}
+
+impl Target {
+    /// Starts writing `rel` (already open with RowExclusiveLock and [`is_plain`]) after the
+    /// executor's permission check. `speculative` prepares the unique indexes
+    /// for ON CONFLICT-style insertion; `fresh_snapshot` takes a new statement snapshot, as
+    /// SPI does for every statement it runs, so a write sees what committed before it.
+    ///
+    /// # Safety
+    /// `rel` must stay open until [`Target::finish`].
+    pub unsafe fn begin(rel: pg_sys::Relation, permissions: &Permissions, speculative: bool, fresh_snapshot: bool) -> Target {
+        pg_sys::ExecCheckRTPerms(permissions.range_table, true);
+        let estate = pg_sys::CreateExecutorState();
+        let caller_context = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
+        pg_sys::ExecInitRangeTable(estate, permissions.range_table);
+
+        let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
+        pg_sys::InitResultRelInfo(rri, rel, 1, ptr::null_mut(), 0);
+        pg_sys::CheckValidResultRel(rri, if permissions.updates() { pg_sys::CmdType::CMD_UPDATE } else { pg_sys::CmdType::CMD_INSERT });
+        pg_sys::ExecOpenIndices(rri, speculative);
+
+        if fresh_snapshot {
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+            pg_sys::CommandCounterIncrement();
+            pg_sys::UpdateActiveSnapshotCommandId();
+        }
+        (*estate).es_snapshot = pg_sys::GetActiveSnapshot();
+        (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
+        Target { rel, estate, rri, caller_context, snapshot_pushed: fresh_snapshot }
+    }
+
+    /// A slot of the table's own kind, freed with the target.
+    pub fn table_slot(&self) -> *mut pg_sys::TupleTableSlot {
+        unsafe { pg_sys::ExecInitExtraTupleSlot(self.estate, (*self.rel).rd_att, pg_sys::table_slot_callbacks(self.rel)) }
+    }
+
+    /// A slot for building a row value by value, freed with the target.
+    pub fn virtual_slot(&self) -> *mut pg_sys::TupleTableSlot {
+        unsafe { pg_sys::ExecInitExtraTupleSlot(self.estate, (*self.rel).rd_att, &pg_sys::TTSOpsVirtual) }
+    }
+
+    /// ExecInsert's ON CONFLICT DO NOTHING for the row in `slot`: a pre-check that waits for
+    /// any in-progress inserter of the same key, then a speculative insertion that backs out
+    /// and starts over if another one got in first. `arbiter` is the unique index that
+    /// decides; a conflict in another unique index is an error, as in SQL.
+    ///
+    /// # Safety
+    /// `slot` must hold a virtual tuple of the table's row type; `scratch` is a table slot.
+    pub unsafe fn insert_unless_present(
+        &self,
+        slot: *mut pg_sys::TupleTableSlot,
+        arbiter: pg_sys::Oid,
+        scratch: *mut pg_sys::TupleTableSlot,
+    ) -> Insert {
+        let caller = self.begin_row();
+        let arbiters = pg_sys::lappend_oid(ptr::null_mut(), arbiter);
+        if !(*(*self.rel).rd_att).constr.is_null() {
+            pg_sys::ExecConstraints(self.rri, slot, self.estate);
+        }
+        loop {
+            pgrx::check_for_interrupts!();
+            let mut conflict = pg_sys::ItemPointerData::default();
+            if !pg_sys::ExecCheckIndexConstraints(self.rri, slot, self.estate, &mut conflict, arbiters) {
+                self.check_conflict_visible(&mut conflict, scratch);
+                self.end_row(caller);
+                return Insert::Conflict;
+            }
+            let xid = pg_sys::GetCurrentTransactionId();
+            let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
+            pg_sys::table_tuple_insert_speculative(self.rel, slot, (*self.estate).es_output_cid, 0, ptr::null_mut(), token);
+            let mut lost_race = false;
+            pg_sys::ExecInsertIndexTuples(self.rri, slot, self.estate, false, true, &mut lost_race, arbiters);
+            pg_sys::table_tuple_complete_speculative(self.rel, slot, token, !lost_race);
+            pg_sys::SpeculativeInsertionLockRelease(xid);
+            if !lost_race {
+                self.end_row(caller);
+                return Insert::Inserted;
+            }
+        }
+    }
+
+    /// The index and heap code allocate as they go; each row's share lives in the per-tuple
+    /// context, emptied when the row is done, so a batch of keys runs in constant memory.
+    unsafe fn begin_row(&self) -> pg_sys::MemoryContext {
+        pg_sys::MemoryContextSwitchTo((*pg_sys::MakePerTupleExprContext(self.estate)).ecxt_per_tuple_memory)
+    }
+
+    unsafe fn end_row(&self, caller: pg_sys::MemoryContext) {
+        let row_context = pg_sys::MemoryContextSwitchTo(caller);
+        pg_sys::MemoryContextReset(row_context);
+    }
+
+    /// ExecCheckTIDVisible: under REPEATABLE READ and SERIALIZABLE a conflict with a row the
+    /// transaction's snapshot cannot see is a serialization failure, not a duplicate.
+    unsafe fn check_conflict_visible(&self, tid: &mut pg_sys::ItemPointerData, scratch: *mut pg_sys::TupleTableSlot) {
+        if !uses_transaction_snapshot() {
+            return;
+        }
+        if !pg_sys::table_tuple_fetch_row_version(self.rel, tid, &raw mut pg_sys::SnapshotAnyData, scratch) {
+            error!("idempotency: the conflicting row vanished");
+        }
+        if !pg_sys::table_tuple_satisfies_snapshot(self.rel, scratch, (*self.estate).es_snapshot) {
+            let mut isnull = false;
+            let xmin = pg_sys::slot_getsysattr(scratch, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
+            // Our own transaction's rows are duplicates even when this command cannot see them.
+            if !pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin.value() as u32)) {
+                serialization_failure("update");
+            }
+        }
+        pg_sys::ExecClearTuple(scratch);
+    }
+
+    /// Finds the row whose columns of `index` (a unique index of the table) equal `keys`,
+    /// as the statement snapshot sees it, and loads it into `slot`.
+    ///
+    /// # Safety
+    /// `keys` must be initialised scan keys for the index's columns; `slot` a table slot.
+    pub unsafe fn find(&self, index: pg_sys::Relation, keys: &mut [pg_sys::ScanKeyData], slot: *mut pg_sys::TupleTableSlot) -> bool {
+        let scan = pg_sys::index_beginscan(self.rel, index, (*self.estate).es_snapshot, keys.len() as i32, 0);
+        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, ptr::null_mut(), 0);
+        let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+        pg_sys::index_endscan(scan);
+        found
+    }
+
+    /// The open index with this OID, if the table has it.
+    pub fn index(&self, oid: pg_sys::Oid) -> Option<pg_sys::Relation> {
+        unsafe {
+            let rri = &*self.rri;
+            (0..rri.ri_NumIndices as usize)
+                .map(|i| *rri.ri_IndexRelationDescs.add(i))
+                .find(|&index| !index.is_null() && (*index).rd_id == oid)
+        }
+    }
+
+    /// ExecUpdate for the row in `old` with the new values in `new`: constraints, the heap
+    /// update (HOT when it can), new index entries, and on a concurrent update the newest
+    /// version locked into `old` for the caller to judge again, as EvalPlanQual would.
+    ///
+    /// # Safety
+    /// `old` must hold the row found by [`Target::find`] (or a recheck); `new` a virtual
+    /// tuple of the table's row type.
+    pub unsafe fn update(&self, old: *mut pg_sys::TupleTableSlot, new: *mut pg_sys::TupleTableSlot) -> Update {
+        let estate = self.estate;
+        (*new).tts_tableOid = (*self.rel).rd_id;
+        pg_sys::ExecMaterializeSlot(new);
+        if !(*(*self.rel).rd_att).constr.is_null() {
+            pg_sys::ExecConstraints(self.rri, new, estate);
+        }
+        let mut tid = (*old).tts_tid;
+        let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+        let mut lock_mode = pg_sys::LockTupleMode::LockTupleExclusive;
+        let mut update_indexes = false;
+        let result = pg_sys::table_tuple_update(
+            self.rel,
+            &mut tid,
+            new,
+            (*estate).es_output_cid,
+            (*estate).es_snapshot,
+            ptr::null_mut(),
+            true,
+            &mut failure,
+            &mut lock_mode,
+            &mut update_indexes,
+        );
+        match result {
+            pg_sys::TM_Result::TM_Ok => {
+                if (*self.rri).ri_NumIndices > 0 && update_indexes {
+                    pg_sys::ExecInsertIndexTuples(self.rri, new, estate, true, false, ptr::null_mut(), ptr::null_mut());
+                }
+                Update::Updated
+            }
+            pg_sys::TM_Result::TM_SelfModified => self.modified_by_self(&failure),
+            pg_sys::TM_Result::TM_Updated => {
+                if uses_transaction_snapshot() {
+                    serialization_failure("update");
+                }
+                let locked = pg_sys::table_tuple_lock(
+                    self.rel,
+                    &mut tid,
+                    (*estate).es_snapshot,
+                    old,
+                    (*estate).es_output_cid,
+                    lock_mode,
+                    pg_sys::LockWaitPolicy::LockWaitBlock,
+                    pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8,
+                    &mut failure,
+                );
+                match locked {
+                    pg_sys::TM_Result::TM_Ok => Update::Recheck,
+                    pg_sys::TM_Result::TM_Deleted => Update::Skipped,
+                    pg_sys::TM_Result::TM_SelfModified => self.modified_by_self(&failure),
+                    other => error!("idempotency: unexpected table_tuple_lock status {other}"),
+                }
+            }
+            pg_sys::TM_Result::TM_Deleted => {
+                if uses_transaction_snapshot() {
+                    serialization_failure("delete");
+                }
+                Update::Skipped
+            }
+            other => error!("idempotency: unexpected table_tuple_update status {other}"),
+        }
+    }
+
+    /// The row was changed earlier in this transaction after our snapshot's command: by this
+    /// very command it is simply done; by anything else it is the executor's error.
+    unsafe fn modified_by_self(&self, failure: &pg_sys::TM_FailureData) -> Update {
+        if failure.cmax != (*self.estate).es_output_cid {
+            ereport!(
+                ERROR,
+                PgSqlErrorCode::ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION,
+                "tuple to be updated was already modified by an operation triggered by the current command"
+            );
+        }
+        Update::Skipped
+    }
+
+    /// Ends the write: indexes closed, slots released, the executor state freed.
+    pub fn finish(self) {
+        unsafe {
+            pg_sys::ExecCloseIndices(self.rri);
+            pg_sys::ExecResetTupleTable((*self.estate).es_tupleTable, false);
+            pg_sys::MemoryContextSwitchTo(self.caller_context);
+            pg_sys::FreeExecutorState(self.estate);
+            if self.snapshot_pushed {
+                pg_sys::PopActiveSnapshot();
+            }
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! idem_versioned_update without SPI, for plain tables (see [`crate::direct`]): the plan
+//! names the unique index that finds the row, every column's attnum and input function, and
+//! the version's ordering, so a call is one index probe, one comparison and one heap update.
+//!
+//! Values are coerced exactly as jsonb_populate_record coerces a scalar: a JSON string's
+//! contents, a number's or boolean's text, or a nested value's JSON text goes through the
+//! column type's input function with the column's typmod; a jsonb column takes the value as
+//! it is. Column types that jsonb_populate_record builds from JSON structure (arrays,
+//! composites) and json columns keep the generated statement.
+
+use std::ptr;
+
+use pgrx::pg_sys;
+
+use crate::direct::{is_plain, Permissions, Target, Update};
+use crate::jsonb::Member;
+
+/// How a JSON member becomes a value of its column.
+enum Input {
+    /// The member's text through the type's input function.
+    Text { function: Box<pg_sys::FmgrInfo>, io_param: pg_sys::Oid, typmod: i32 },
+    /// A jsonb column stores the member itself.
+    Jsonb,
+}
+
+struct Column {
+    attnum: i16,
+    input: Input,
+}
+
+struct KeyColumn {
+    column: Column,
+    /// The column's position in the unique index, 1-based, as scan keys number them.
+    index_column: i16,
+    equal: Box<pg_sys::FmgrInfo>,
+    collation: pg_sys::Oid,
+}
+
+/// The direct write for one (table, version column, key columns, changed columns).
+pub struct DirectUpdate {
+    /// Owns what the input and equality functions cache between calls.
+    context: pg_sys::MemoryContext,
+    index: pg_sys::Oid,
+    /// In the order of the key's members, as are `changes` of the changes' members.
+    keys: Vec<KeyColumn>,
+    changes: Vec<Column>,
+    /// Which change is the version.
+    version: usize,
+    version_order: *mut pg_sys::FmgrInfo,
+    version_collation: pg_sys::Oid,
+    /// SELECT on the key and version columns, UPDATE on the changed ones, as for the statement.
+    permissions: Permissions,
+}
+
+impl Drop for DirectUpdate {
+    fn drop(&mut self) {
+        unsafe { pg_sys::MemoryContextDelete(self.context) };
+    }
+}
+
+unsafe fn attribute(rel: pg_sys::Relation, name: &str) -> Option<&pg_sys::FormData_pg_attribute> {
+    let desc = &*(*rel).rd_att;
+    (0..desc.natts as usize).map(|i| &*desc.attrs.as_ptr().add(i)).find(|attr| {
+        !attr.attisdropped && std::ffi::CStr::from_ptr(attr.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+    })
+}
+
+impl DirectUpdate {
+    /// The direct plan, or None when this write needs the generated statement. The caller
+    /// has validated names, version ordering and the key's unique index already.
+    ///
+    /// # Safety
+    /// `rel` must be open.
+    pub unsafe fn plan(rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>], version: &str) -> Option<DirectUpdate> {
+        let version_position = changes.iter().position(|m| m.name == version)?;
+        if !is_plain(rel) {
+            return None;
+        }
+        let context = pg_sys::AllocSetContextCreateInternal(
+            pg_sys::TopMemoryContext,
+            c"idempotency versioned update".as_ptr(),
+            0,
+            1024,
+            8 * 1024,
+        );
+        // From here the plan owns the context, and dropping an unfinished plan frees it.
+        let mut plan = DirectUpdate {
+            context,
+            index: pg_sys::InvalidOid,
+            keys: Vec::new(),
+            changes: Vec::new(),
+            version: version_position,
+            version_order: ptr::null_mut(),
+            version_collation: pg_sys::InvalidOid,
+            permissions: Permissions::unset(),
+        };
+        let mut updated = Vec::new();
+        for member in changes {
+            let attr = attribute(rel, member.name)?;
+            plan.changes.push(Column { attnum: attr.attnum, input: input(attr, attr.atttypmod, context)? });
+            updated.push(attr.attnum);
+        }
+        let version_attr = attribute(rel, version)?;
+        let order = pg_sys::lookup_type_cache(version_attr.atttypid, pg_sys::TYPECACHE_CMP_PROC_FINFO as i32);
+        if (*order).cmp_proc_finfo.fn_oid == pg_sys::InvalidOid {
+            return None;
+        }
+        plan.version_order = &raw mut (*order).cmp_proc_finfo;
+        plan.version_collation = version_attr.attcollation;
+
+        let mut attnums = Vec::new();
+        for member in key {
+            attnums.push(attribute(rel, member.name)?.attnum);
+        }
+        let selected: Vec<i16> = attnums.iter().copied().chain([version_attr.attnum]).collect();
+        plan.permissions =
+            Permissions::new((*rel).rd_id, pg_sys::ACL_SELECT | pg_sys::ACL_UPDATE, &selected, &[], &updated, context);
+        let (index, positions) = unique_index(rel, &attnums)?;
+        plan.index = index.oid;
+        for ((member, &attnum), &position) in key.iter().zip(&attnums).zip(&positions) {
+            let attr = attribute(rel, member.name)?;
+            let equal = equality(attr.atttypid, index.opfamilies[position], index.input_types[position], context)?;
+            plan.keys.push(KeyColumn {
+                column: Column { attnum, input: input(attr, -1, context)? },
+                index_column: position as i16 + 1,
+                equal,
+                collation: index.collations[position],
+            });
+        }
+        Some(plan)
+    }
+
+    /// Runs the write; true when a row changed.
+    ///
+    /// # Safety
+    /// `rel` must be the plan's table, open with RowExclusiveLock; the members must be those
+    /// the plan was made for, in the same order.
+    pub unsafe fn run(&self, rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>]) -> bool {
+        let target = Target::begin(rel, &self.permissions, false, true);
+        let changed = self.write(&target, key, changes);
+        target.finish();
+        changed
+    }
+
+    unsafe fn write(&self, target: &Target, key: &[Member<'_>], changes: &[Member<'_>]) -> bool {
+        let given_key: Vec<pg_sys::Datum> = self.keys.iter().zip(key).map(|(k, m)| coerce(&k.column.input, &m.value).0).collect();
+        let new_values: Vec<(pg_sys::Datum, bool)> =
+            self.changes.iter().zip(changes).map(|(c, m)| coerce(&c.input, &m.value)).collect();
+        let new_version = new_values[self.version].0;
+
+        let mut scan_keys: Vec<pg_sys::ScanKeyData> = vec![std::mem::zeroed(); self.keys.len()];
+        let mut by_index_column: Vec<usize> = (0..self.keys.len()).collect();
+        by_index_column.sort_by_key(|&i| self.keys[i].index_column);
+        for (scan_key, &i) in scan_keys.iter_mut().zip(&by_index_column) {
+            let k = &self.keys[i];
+            pg_sys::ScanKeyEntryInitializeWithInfo(
+                scan_key,
+                0,
+                k.index_column,
+                pg_sys::BTEqualStrategyNumber as u16,
+                pg_sys::InvalidOid,
+                k.collation,
+                (&*k.equal as *const pg_sys::FmgrInfo).cast_mut(),
+                given_key[i],
+            );
+        }
+        let index = target.index(self.index).expect("the plan's index is among the table's open indexes");
+        let old = target.table_slot();
+        let new = target.virtual_slot();
+        if !target.find(index, &mut scan_keys, old) {
+            return false;
+        }
+        let desc = &*(*target.rel).rd_att;
+        let natts = desc.natts as usize;
+        loop {
+            if !self.is_newer(old, new_version) {
+                return false;
+            }
+            pg_sys::ExecClearTuple(new);
+            pg_sys::slot_getallattrs(old);
+            let values = std::slice::from_raw_parts_mut((*new).tts_values, natts);
+            let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
+            values.copy_from_slice(std::slice::from_raw_parts((*old).tts_values, natts));
+            nulls.copy_from_slice(std::slice::from_raw_parts((*old).tts_isnull, natts));
+            for (i, null) in nulls.iter_mut().enumerate() {
+                // A dropped column's old bits are not carried into the new row.
+                if (*desc.attrs.as_ptr().add(i)).attisdropped {
+                    *null = true;
+                }
+            }
+            for (column, &(value, null)) in self.changes.iter().zip(&new_values) {
+                let i = column.attnum as usize - 1;
+                (values[i], nulls[i]) = (value, null);
+            }
+            pg_sys::ExecStoreVirtualTuple(new);
+            match target.update(old, new) {
+                Update::Updated => return true,
+                Update::Skipped => return false,
+                // The row's newest version: still the row the key names? Then judge it again.
+                Update::Recheck => {
+                    if !self.keys.iter().zip(&given_key).all(|(k, &given)| key_matches(old, k, given)) {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A stored NULL version is older than any version.
+    unsafe fn is_newer(&self, old: *mut pg_sys::TupleTableSlot, new_version: pg_sys::Datum) -> bool {
+        let mut null = false;
+        let stored = pg_sys::slot_getattr(old, i32::from(self.changes[self.version].attnum), &mut null);
+        null || pg_sys::FunctionCall2Coll(self.version_order, self.version_collation, new_version, stored).value() as i32 > 0
+    }
+}
+
+unsafe fn key_matches(slot: *mut pg_sys::TupleTableSlot, key: &KeyColumn, given: pg_sys::Datum) -> bool {
+    let mut null = false;
+    let stored = pg_sys::slot_getattr(slot, i32::from(key.column.attnum), &mut null);
+    !null && pg_sys::FunctionCall2Coll((&*key.equal as *const pg_sys::FmgrInfo).cast_mut(), key.collation, stored, given).value() != 0
+}
+
+/// How `attr` takes a JSON member, or None for types jsonb_populate_record builds from JSON
+/// structure (arrays, composites, domains over them) and for json.
+unsafe fn input(attr: &pg_sys::FormData_pg_attribute, typmod: i32, context: pg_sys::MemoryContext) -> Option<Input> {
+    let type_oid = attr.atttypid;
+    if type_oid == pg_sys::JSONBOID {
+        return Some(Input::Jsonb);
+    }
+    let base = pg_sys::getBaseType(type_oid);
+    if base == pg_sys::JSONOID
+        || base == pg_sys::JSONBOID
+        || pg_sys::get_element_type(base) != pg_sys::InvalidOid
+        || pg_sys::get_typtype(base) as u8 == pg_sys::TYPTYPE_COMPOSITE
+    {
+        return None;
+    }
+    let (mut function_oid, mut io_param) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+    pg_sys::getTypeInputInfo(type_oid, &mut function_oid, &mut io_param);
+    let mut function = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
+    pg_sys::fmgr_info_cxt(function_oid, &mut *function, context);
+    Some(Input::Text { function, io_param, typmod })
+}
+
+/// numeric's output function, looked up once per backend.
+fn numeric_out() -> *mut pg_sys::FmgrInfo {
+    thread_local! {
+        static NUMERIC_OUT: *mut pg_sys::FmgrInfo = unsafe {
+            let finfo = pg_sys::MemoryContextAllocZero(pg_sys::TopMemoryContext, std::mem::size_of::<pg_sys::FmgrInfo>()) as *mut pg_sys::FmgrInfo;
+            pg_sys::fmgr_info_cxt(pg_sys::Oid::from(pg_sys::F_NUMERIC_OUT), finfo, pg_sys::TopMemoryContext);
+            finfo
+        };
+    }
+    NUMERIC_OUT.with(|f| *f)
+}
+
+/// A member's value in its column's type, and whether it is NULL.
+unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, bool) {
+    if value.type_ == pg_sys::jbvType::jbvNull {
+        return (pg_sys::Datum::from(0), true);
+    }
+    match input {
+        Input::Jsonb => (pg_sys::Datum::from(pg_sys::JsonbValueToJsonb((value as *const pg_sys::JsonbValue).cast_mut())), false),
+        Input::Text { function, io_param, typmod } => {
+            let text = match value.type_ {
+                pg_sys::jbvType::jbvString => pg_sys::pnstrdup(value.val.string.val, value.val.string.len as usize),
+                pg_sys::jbvType::jbvBool => pg_sys::pstrdup(if value.val.boolean { c"true" } else { c"false" }.as_ptr()),
+                pg_sys::jbvType::jbvNumeric => pg_sys::OutputFunctionCall(numeric_out(), pg_sys::Datum::from(value.val.numeric)),
+                _ => pg_sys::JsonbToCString(ptr::null_mut(), value.val.binary.data, value.val.binary.len),
+            };
+            let function = (&**function as *const pg_sys::FmgrInfo).cast_mut();
+            (pg_sys::InputFunctionCall(function, text, *io_param, *typmod), false)
+        }
+    }
+}
+
+struct UniqueIndex {
+    oid: pg_sys::Oid,
+    opfamilies: Vec<pg_sys::Oid>,
+    input_types: Vec<pg_sys::Oid>,
+    collations: Vec<pg_sys::Oid>,
+}
+
+/// A valid, immediate, non-partial btree unique index on exactly these columns, and where
+/// each of them sits in it.
+unsafe fn unique_index(rel: pg_sys::Relation, attnums: &[i16]) -> Option<(UniqueIndex, Vec<usize>)> {
+    let list = pg_sys::RelationGetIndexList(rel);
+    let found = (0..pg_sys::list_length(list)).find_map(|n| {
+        let index = pg_sys::index_open(pg_sys::list_nth_oid(list, n), pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let form = &*(*index).rd_index;
+        let columns = form.indnkeyatts as usize;
+        let keyed: Vec<i16> = (0..columns).map(|i| *form.indkey.values.as_ptr().add(i)).collect();
+        let usable = (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+            && form.indisunique
+            && form.indisvalid
+            && form.indisready
+            && form.indislive
+            && columns == attnums.len()
+            && pg_sys::RelationGetIndexPredicate(index).is_null()
+            && pg_sys::RelationGetIndexExpressions(index).is_null();
+        let positions: Option<Vec<usize>> = attnums.iter().map(|a| keyed.iter().position(|k| k == a)).collect();
+        let result = match positions {
+            Some(positions) if usable => Some((
+                UniqueIndex {
+                    oid: (*index).rd_id,
+                    opfamilies: (0..columns).map(|i| *(*index).rd_opfamily.add(i)).collect(),
+                    input_types: (0..columns).map(|i| *(*index).rd_opcintype.add(i)).collect(),
+                    collations: (0..columns).map(|i| *(*index).rd_indcollation.add(i)).collect(),
+                },
+                positions,
+            )),
+            _ => None,
+        };
+        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        result
+    });
+    pg_sys::list_free(list);
+    found
+}
+
+/// The index's equality for a key column, when it is the column type's own `=` (the one the
+/// generated statement would use).
+unsafe fn equality(
+    type_oid: pg_sys::Oid,
+    opfamily: pg_sys::Oid,
+    input_type: pg_sys::Oid,
+    context: pg_sys::MemoryContext,
+) -> Option<Box<pg_sys::FmgrInfo>> {
+    let operator = pg_sys::get_opfamily_member(opfamily, input_type, input_type, pg_sys::BTEqualStrategyNumber as i16);
+    let default = (*pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_EQ_OPR as i32)).eq_opr;
+    if operator == pg_sys::InvalidOid || operator != default {
+        return None;
+    }
+    let mut equal = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
+    pg_sys::fmgr_info_cxt(pg_sys::get_opcode(operator), &mut *equal, context);
+    Some(equal)
+}
