@@ -64,7 +64,7 @@ pgrx-test: deps
 	cargo pgrx test pg$(PG_MAJOR) --runas postgres --pgdata $(PGRX_TEST_DIR)
 
 bench: install
-	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off bash bench/run.sh; fi
+	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off -o autovacuum=off bash bench/run.sh; fi
 
 clean:
 	cargo clean

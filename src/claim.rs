@@ -114,7 +114,10 @@ impl Ledger {
                 pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
                 return None;
             }
-            let target = ledger_permissions((*rel).rd_id, columns, |p| Target::begin(rel, p, true, false));
+            let target = ledger_permissions((*rel).rd_id, columns, |p| {
+                p.check();
+                Target::begin(rel, p, true)
+            });
             let row = target.virtual_slot();
             let scratch = target.table_slot();
             Some(Ledger { target, row, scratch, arbiter: pg_sys::RelationGetPrimaryKeyIndex(rel) })
@@ -122,12 +125,15 @@ impl Ledger {
     }
 
     /// Inserts the claim unless (scope, key) is already claimed; true when inserted.
-    fn claim(&self, digest: Uuid, scope_id: i64, fingerprint: Option<Uuid>) -> bool {
+    /// `optimistic` skips the pre-check of the first insertion attempt (see
+    /// [`Target::insert_unless_present`]).
+    fn claim(&self, digest: Uuid, scope_id: i64, fingerprint: Option<Uuid>, optimistic: bool) -> bool {
         unsafe {
             let row = self.row;
             pg_sys::ExecClearTuple(row);
-            let values = std::slice::from_raw_parts_mut((*row).tts_values, LEDGER_TYPES.len());
-            let nulls = std::slice::from_raw_parts_mut((*row).tts_isnull, LEDGER_TYPES.len());
+            let natts = (*(*self.target.rel).rd_att).natts as usize;
+            let values = std::slice::from_raw_parts_mut((*row).tts_values, natts);
+            let nulls = std::slice::from_raw_parts_mut((*row).tts_isnull, natts);
             nulls.fill(true);
             (values[KEY_DIGEST], nulls[KEY_DIGEST]) = (digest.into_datum().expect("a uuid datum"), false);
             (values[SCOPE_ID], nulls[SCOPE_ID]) = (pg_sys::Datum::from(scope_id), false);
@@ -136,7 +142,7 @@ impl Ledger {
                 (values[FINGERPRINT], nulls[FINGERPRINT]) = (fingerprint.into_datum().expect("a uuid datum"), false);
             }
             pg_sys::ExecStoreVirtualTuple(row);
-            matches!(self.target.insert_unless_present(row, self.arbiter, self.scratch), Insert::Inserted)
+            matches!(self.target.insert_unless_present(row, self.arbiter, self.scratch, !optimistic), Insert::Inserted)
         }
     }
 
@@ -185,15 +191,35 @@ unsafe fn find_ledger() -> (pg_sys::Oid, pg_sys::Oid) {
     (schema, oid)
 }
 
-/// The columns sql/schema.sql created, and no others: a column a DBA added may have a
-/// default that only an INSERT statement would fill in.
+/// The columns sql/schema.sql created, and no others still in use: a column a DBA added may
+/// have a default that only an INSERT statement would fill in.
 unsafe fn has_ledger_shape(rel: pg_sys::Relation) -> bool {
     let desc = &*(*rel).rd_att;
-    desc.natts as usize == LEDGER_TYPES.len()
-        && LEDGER_TYPES.iter().enumerate().all(|(i, &type_oid)| {
-            let attr = &*desc.attrs.as_ptr().add(i);
-            !attr.attisdropped && attr.atttypid == type_oid
-        })
+    let attr = |i: usize| &*desc.attrs.as_ptr().add(i);
+    desc.natts as usize >= LEDGER_TYPES.len()
+        && LEDGER_TYPES.iter().enumerate().all(|(i, &type_oid)| !attr(i).attisdropped && attr(i).atttypid == type_oid)
+        && (LEDGER_TYPES.len()..desc.natts as usize).all(|i| attr(i).attisdropped)
+}
+
+/// New claims in a row after which this backend expects the next one to be new as well.
+const CALM_CLAIMS: u32 = 16;
+
+thread_local! {
+    /// Consecutive new single claims of this backend, reset by every duplicate.
+    static NEW_IN_A_ROW: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// While a consumer's claims keep being new, a claim skips the pre-check that only pays off
+/// for duplicates; the first duplicate brings the pre-check back until the claims have been
+/// new for a while again, so a replay of old messages never leaves more than one
+/// backed-out insertion behind per CALM_CLAIMS new claims. Batches, which a redelivered
+/// poll fills with duplicates, always pre-check.
+fn duplicates_are_rare() -> bool {
+    NEW_IN_A_ROW.get() >= CALM_CLAIMS
+}
+
+fn note_claim(new: bool) {
+    NEW_IN_A_ROW.set(if new { NEW_IN_A_ROW.get().saturating_add(1) } else { 0 });
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -233,8 +259,9 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
     ];
     let insert = || match Ledger::open(Columns::Single) {
         Some(ledger) => {
-            let inserted = ledger.claim(digest, scope.id, fingerprint);
+            let inserted = ledger.claim(digest, scope.id, fingerprint, duplicates_are_rare());
             ledger.finish();
+            note_claim(inserted);
             inserted
         }
         None => INSERT_CLAIM.run(&args, |t| t.len() == 1),
@@ -348,7 +375,7 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
     distinct.sort_unstable();
     let inserted: HashSet<[u8; 16]> = match Ledger::open(Columns::Batch) {
         Some(ledger) => {
-            let new = distinct.iter().filter(|d| ledger.claim(Uuid::from_bytes(**d), scope.id, None)).copied().collect();
+            let new = distinct.iter().filter(|d| ledger.claim(Uuid::from_bytes(**d), scope.id, None, false)).copied().collect();
             ledger.finish();
             new
         }

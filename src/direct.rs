@@ -104,7 +104,6 @@ pub struct Target {
     estate: *mut pg_sys::EState,
     rri: *mut pg_sys::ResultRelInfo,
     caller_context: pg_sys::MemoryContext,
-    snapshot_pushed: bool,
 }
 
 /// What a speculative insertion found.
@@ -142,16 +141,64 @@ fn serialization_failure(what: &str) -> ! {
     );
 }
 
+impl Permissions {
+    /// The executor's check: 42501 naming the table (or column) when the role lacks a privilege.
+    pub fn check(&self) {
+        unsafe { pg_sys::ExecCheckRTPerms(self.range_table, true) };
+    }
+}
+
+/// A new statement snapshot with the command counter advanced, as SPI takes one for every
+/// statement it runs: a write sees what committed before it and what this transaction (this
+/// very statement included) wrote before it.
+pub struct StatementSnapshot(pg_sys::Snapshot);
+
+impl StatementSnapshot {
+    pub fn take() -> StatementSnapshot {
+        unsafe {
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+            pg_sys::CommandCounterIncrement();
+            pg_sys::UpdateActiveSnapshotCommandId();
+            StatementSnapshot(pg_sys::GetActiveSnapshot())
+        }
+    }
+
+    pub fn get(&self) -> pg_sys::Snapshot {
+        self.0
+    }
+
+    pub fn release(self) {
+        unsafe { pg_sys::PopActiveSnapshot() };
+    }
+}
+
+/// Finds the row of `rel` whose columns of `index` (a unique index) equal `keys`, as
+/// `snapshot` sees it, and loads it into `slot`.
+///
+/// # Safety
+/// `keys` must be initialised scan keys for the index's columns; `slot` a slot of the table.
+pub unsafe fn find(
+    rel: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    keys: &mut [pg_sys::ScanKeyData],
+    slot: *mut pg_sys::TupleTableSlot,
+) -> bool {
+    let scan = pg_sys::index_beginscan(rel, index, snapshot, keys.len() as i32, 0);
+    pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, ptr::null_mut(), 0);
+    let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+    pg_sys::index_endscan(scan);
+    found
+}
+
 impl Target {
-    /// Starts writing `rel` (already open with RowExclusiveLock and [`is_plain`]) after the
-    /// executor's permission check. `speculative` prepares the unique indexes
-    /// for ON CONFLICT-style insertion; `fresh_snapshot` takes a new statement snapshot, as
-    /// SPI does for every statement it runs, so a write sees what committed before it.
+    /// Starts writing `rel` (already open with RowExclusiveLock, [`is_plain`], and its
+    /// `permissions` checked) under the active snapshot. `speculative` prepares the unique
+    /// indexes for ON CONFLICT-style insertion.
     ///
     /// # Safety
     /// `rel` must stay open until [`Target::finish`].
-    pub unsafe fn begin(rel: pg_sys::Relation, permissions: &Permissions, speculative: bool, fresh_snapshot: bool) -> Target {
-        pg_sys::ExecCheckRTPerms(permissions.range_table, true);
+    pub unsafe fn begin(rel: pg_sys::Relation, permissions: &Permissions, speculative: bool) -> Target {
         let estate = pg_sys::CreateExecutorState();
         let caller_context = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
         pg_sys::ExecInitRangeTable(estate, permissions.range_table);
@@ -160,15 +207,9 @@ impl Target {
         pg_sys::InitResultRelInfo(rri, rel, 1, ptr::null_mut(), 0);
         pg_sys::CheckValidResultRel(rri, if permissions.updates() { pg_sys::CmdType::CMD_UPDATE } else { pg_sys::CmdType::CMD_INSERT });
         pg_sys::ExecOpenIndices(rri, speculative);
-
-        if fresh_snapshot {
-            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-            pg_sys::CommandCounterIncrement();
-            pg_sys::UpdateActiveSnapshotCommandId();
-        }
         (*estate).es_snapshot = pg_sys::GetActiveSnapshot();
         (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
-        Target { rel, estate, rri, caller_context, snapshot_pushed: fresh_snapshot }
+        Target { rel, estate, rri, caller_context }
     }
 
     /// A slot of the table's own kind, freed with the target.
@@ -186,6 +227,11 @@ impl Target {
     /// and starts over if another one got in first. `arbiter` is the unique index that
     /// decides; a conflict in another unique index is an error, as in SQL.
     ///
+    /// The pre-check is only an optimisation (nodeModifyTable.c calls it non-conclusive):
+    /// the speculative insertion alone decides. Without `precheck` the first attempt skips
+    /// it, which saves an index descent when the key is new and costs a backed-out insertion
+    /// (a dead tuple and index entry) when it is not.
+    ///
     /// # Safety
     /// `slot` must hold a virtual tuple of the table's row type; `scratch` is a table slot.
     pub unsafe fn insert_unless_present(
@@ -193,6 +239,7 @@ impl Target {
         slot: *mut pg_sys::TupleTableSlot,
         arbiter: pg_sys::Oid,
         scratch: *mut pg_sys::TupleTableSlot,
+        mut precheck: bool,
     ) -> Insert {
         let caller = self.begin_row();
         let arbiters = pg_sys::lappend_oid(ptr::null_mut(), arbiter);
@@ -202,7 +249,7 @@ impl Target {
         loop {
             pgrx::check_for_interrupts!();
             let mut conflict = pg_sys::ItemPointerData::default();
-            if !pg_sys::ExecCheckIndexConstraints(self.rri, slot, self.estate, &mut conflict, arbiters) {
+            if precheck && !pg_sys::ExecCheckIndexConstraints(self.rri, slot, self.estate, &mut conflict, arbiters) {
                 self.check_conflict_visible(&mut conflict, scratch);
                 self.end_row(caller);
                 return Insert::Conflict;
@@ -218,6 +265,7 @@ impl Target {
                 self.end_row(caller);
                 return Insert::Inserted;
             }
+            precheck = true;
         }
     }
 
@@ -250,29 +298,6 @@ impl Target {
             }
         }
         pg_sys::ExecClearTuple(scratch);
-    }
-
-    /// Finds the row whose columns of `index` (a unique index of the table) equal `keys`,
-    /// as the statement snapshot sees it, and loads it into `slot`.
-    ///
-    /// # Safety
-    /// `keys` must be initialised scan keys for the index's columns; `slot` a table slot.
-    pub unsafe fn find(&self, index: pg_sys::Relation, keys: &mut [pg_sys::ScanKeyData], slot: *mut pg_sys::TupleTableSlot) -> bool {
-        let scan = pg_sys::index_beginscan(self.rel, index, (*self.estate).es_snapshot, keys.len() as i32, 0);
-        pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, ptr::null_mut(), 0);
-        let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
-        pg_sys::index_endscan(scan);
-        found
-    }
-
-    /// The open index with this OID, if the table has it.
-    pub fn index(&self, oid: pg_sys::Oid) -> Option<pg_sys::Relation> {
-        unsafe {
-            let rri = &*self.rri;
-            (0..rri.ri_NumIndices as usize)
-                .map(|i| *rri.ri_IndexRelationDescs.add(i))
-                .find(|&index| !index.is_null() && (*index).rd_id == oid)
-        }
     }
 
     /// ExecUpdate for the row in `old` with the new values in `new`: constraints, the heap
@@ -365,9 +390,6 @@ impl Target {
             pg_sys::ExecResetTupleTable((*self.estate).es_tupleTable, false);
             pg_sys::MemoryContextSwitchTo(self.caller_context);
             pg_sys::FreeExecutorState(self.estate);
-            if self.snapshot_pushed {
-                pg_sys::PopActiveSnapshot();
-            }
         }
     }
 }

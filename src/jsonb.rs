@@ -105,3 +105,92 @@ pub unsafe fn object_members<'a>(datum: pg_sys::Datum, argument: &str) -> Result
     }
     Ok(members)
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    /// A jsonb datum parsed from text, living in the current memory context.
+    fn jsonb(text: &str) -> pg_sys::Datum {
+        let text = std::ffi::CString::new(text).unwrap();
+        unsafe { pg_sys::OidInputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_IN), text.as_ptr().cast_mut(), pg_sys::InvalidOid, -1) }
+    }
+
+    /// A member as "name=type:value", the value as jsonb_each's `value #>> '{}'` shows it.
+    fn describe(member: &Member<'_>) -> String {
+        let v = &member.value;
+        let (kind, text) = unsafe {
+            match v.type_ {
+                pg_sys::jbvType::jbvNull => ("null", String::new()),
+                pg_sys::jbvType::jbvString => {
+                    let bytes = std::slice::from_raw_parts(v.val.string.val as *const u8, v.val.string.len as usize);
+                    ("string", String::from_utf8(bytes.to_vec()).unwrap())
+                }
+                pg_sys::jbvType::jbvNumeric => {
+                    let out = pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_NUMERIC_OUT), pg_sys::Datum::from(v.val.numeric));
+                    ("number", std::ffi::CStr::from_ptr(out).to_string_lossy().into_owned())
+                }
+                pg_sys::jbvType::jbvBool => ("boolean", v.val.boolean.to_string()),
+                _ => {
+                    let out = pg_sys::JsonbToCString(std::ptr::null_mut(), v.val.binary.data, v.val.binary.len);
+                    let text = std::ffi::CStr::from_ptr(out).to_string_lossy().into_owned();
+                    (if text.starts_with('[') { "array" } else { "object" }, text)
+                }
+            }
+        };
+        format!("{}={kind}:{text}", member.name)
+    }
+
+    /// What PostgreSQL itself says the members are, in its own order.
+    fn expected(text: &str) -> Vec<String> {
+        let query = format!(
+            "SELECT coalesce(array_agg(key || '=' || jsonb_typeof(value) || ':' || coalesce(value #>> '{{}}', '') ORDER BY n), '{{}}')
+             FROM jsonb_each({}::jsonb) WITH ORDINALITY AS e(key, value, n)",
+            pgrx::spi::quote_literal(text)
+        );
+        Spi::get_one::<Vec<String>>(&query).unwrap().unwrap()
+    }
+
+    fn read(text: &str) -> Vec<String> {
+        unsafe { object_members(jsonb(text), "test").unwrap() }.iter().map(describe).collect()
+    }
+
+    #[pg_test]
+    fn members_match_jsonb_each_for_every_kind_of_value() {
+        for text in [
+            r#"{}"#,
+            r#"{"id": 1, "status": "paid", "version": 7}"#,
+            r#"{"n": -12.50, "big": 123456789012345678901234567890, "t": true, "f": false, "z": null}"#,
+            r#"{"nested": {"a": [1, {"b": null}]}, "list": [], "empty": {}, "s": "", "ünï": "çødé"}"#,
+        ] {
+            assert_eq!(read(text), expected(text), "{text}");
+        }
+    }
+
+    #[pg_test]
+    fn members_past_the_offset_stride_are_found() {
+        // jsonb stores an offset instead of a length in every 32nd JEntry; forty members
+        // of mixed kinds and lengths cross that boundary for keys and for values.
+        let members: Vec<String> = (0..40)
+            .map(|i| match i % 4 {
+                0 => format!(r#""key{i}": {i}.{i}"#),
+                1 => format!(r#""k{i}": "{}""#, "x".repeat(i)),
+                2 => format!(r#""long_key_number_{i}": [{i}, "{i}"]"#),
+                _ => format!(r#""{i}": null"#),
+            })
+            .collect();
+        let text = format!("{{{}}}", members.join(", "));
+        assert_eq!(read(&text), expected(&text));
+    }
+
+    #[pg_test]
+    fn only_objects_have_members() {
+        for text in ["[1, 2]", "5", r#""text""#, "null"] {
+            let error = unsafe { object_members(jsonb(text), "key") }.err().expect(text);
+            assert_eq!(error.state, SqlState::InvalidParameterValue);
+            assert_eq!(error.message, "key must be a JSON object");
+        }
+    }
+}

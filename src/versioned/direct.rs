@@ -12,7 +12,7 @@ use std::ptr;
 
 use pgrx::pg_sys;
 
-use crate::direct::{is_plain, Permissions, Target, Update};
+use crate::direct::{find, is_plain, Permissions, StatementSnapshot, Target, Update};
 use crate::jsonb::Member;
 
 /// How a JSON member becomes a value of its column.
@@ -130,19 +130,15 @@ impl DirectUpdate {
         Some(plan)
     }
 
-    /// Runs the write; true when a row changed.
+    /// Runs the write; true when a row changed. A stale or missing row is found to be so
+    /// before any executor state exists: most deliveries of a busy read model are stale.
     ///
     /// # Safety
     /// `rel` must be the plan's table, open with RowExclusiveLock; the members must be those
     /// the plan was made for, in the same order.
     pub unsafe fn run(&self, rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>]) -> bool {
-        let target = Target::begin(rel, &self.permissions, false, true);
-        let changed = self.write(&target, key, changes);
-        target.finish();
-        changed
-    }
-
-    unsafe fn write(&self, target: &Target, key: &[Member<'_>], changes: &[Member<'_>]) -> bool {
+        self.permissions.check();
+        let snapshot = StatementSnapshot::take();
         let given_key: Vec<pg_sys::Datum> = self.keys.iter().zip(key).map(|(k, m)| coerce(&k.column.input, &m.value).0).collect();
         let new_values: Vec<(pg_sys::Datum, bool)> =
             self.changes.iter().zip(changes).map(|(c, m)| coerce(&c.input, &m.value)).collect();
@@ -164,18 +160,32 @@ impl DirectUpdate {
                 given_key[i],
             );
         }
-        let index = target.index(self.index).expect("the plan's index is among the table's open indexes");
-        let old = target.table_slot();
+        let index = pg_sys::index_open(self.index, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        let old = pg_sys::MakeSingleTupleTableSlot((*rel).rd_att, pg_sys::table_slot_callbacks(rel));
+        let changed = find(rel, index, snapshot.get(), &mut scan_keys, old)
+            && self.is_newer(old, new_version)
+            && self.write(rel, old, &given_key, &new_values, new_version);
+        pg_sys::ExecDropSingleTupleTableSlot(old);
+        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        snapshot.release();
+        changed
+    }
+
+    /// Writes the newer version over the row in `old`, following it through concurrent
+    /// updates until it lands or stops being newer.
+    unsafe fn write(
+        &self,
+        rel: pg_sys::Relation,
+        old: *mut pg_sys::TupleTableSlot,
+        given_key: &[pg_sys::Datum],
+        new_values: &[(pg_sys::Datum, bool)],
+        new_version: pg_sys::Datum,
+    ) -> bool {
+        let target = Target::begin(rel, &self.permissions, false);
         let new = target.virtual_slot();
-        if !target.find(index, &mut scan_keys, old) {
-            return false;
-        }
-        let desc = &*(*target.rel).rd_att;
+        let desc = &*(*rel).rd_att;
         let natts = desc.natts as usize;
-        loop {
-            if !self.is_newer(old, new_version) {
-                return false;
-            }
+        let changed = loop {
             pg_sys::ExecClearTuple(new);
             pg_sys::slot_getallattrs(old);
             let values = std::slice::from_raw_parts_mut((*new).tts_values, natts);
@@ -188,22 +198,25 @@ impl DirectUpdate {
                     *null = true;
                 }
             }
-            for (column, &(value, null)) in self.changes.iter().zip(&new_values) {
+            for (column, &(value, null)) in self.changes.iter().zip(new_values) {
                 let i = column.attnum as usize - 1;
                 (values[i], nulls[i]) = (value, null);
             }
             pg_sys::ExecStoreVirtualTuple(new);
             match target.update(old, new) {
-                Update::Updated => return true,
-                Update::Skipped => return false,
-                // The row's newest version: still the row the key names? Then judge it again.
+                Update::Updated => break true,
+                Update::Skipped => break false,
+                // The row's newest version: still the row the key names, and still older?
                 Update::Recheck => {
-                    if !self.keys.iter().zip(&given_key).all(|(k, &given)| key_matches(old, k, given)) {
-                        return false;
+                    let same_row = self.keys.iter().zip(given_key).all(|(k, &given)| key_matches(old, k, given));
+                    if !same_row || !self.is_newer(old, new_version) {
+                        break false;
                     }
                 }
             }
-        }
+        };
+        target.finish();
+        changed
     }
 
     /// A stored NULL version is older than any version.
@@ -334,4 +347,63 @@ unsafe fn equality(
     let mut equal = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
     pg_sys::fmgr_info_cxt(pg_sys::get_opcode(operator), &mut *equal, context);
     Some(equal)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use crate::jsonb::object_members;
+    use pgrx::prelude::*;
+
+    /// Whether a versioned update of `table` with this key and these changes goes direct.
+    fn is_direct(table: &str, key: &str, changes: &str) -> bool {
+        let jsonb = |text: &str| {
+            let text = std::ffi::CString::new(text).unwrap();
+            unsafe { pg_sys::OidInputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_IN), text.as_ptr().cast_mut(), pg_sys::InvalidOid, -1) }
+        };
+        let oid = Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{table}'::regclass::oid")).unwrap().unwrap();
+        unsafe {
+            let key = object_members(jsonb(key), "key").unwrap();
+            let changes = object_members(jsonb(changes), "changes").unwrap();
+            let rel = pg_sys::table_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            let direct = DirectUpdate::plan(rel, &key, &changes, "version").is_some();
+            pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            direct
+        }
+    }
+
+    #[pg_test]
+    fn plain_tables_go_direct_and_the_rest_keep_the_statement() {
+        Spi::run(
+            "CREATE TABLE plain (id int PRIMARY KEY, code text UNIQUE, doc jsonb, tags text[], raw json, version int);
+             CREATE TABLE guarded (id int PRIMARY KEY, version int);
+             CREATE TRIGGER t BEFORE UPDATE ON guarded FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();
+             CREATE TABLE parent (id int PRIMARY KEY, version int);
+             CREATE TABLE child (id int PRIMARY KEY, parent int REFERENCES parent, version int);
+             CREATE TABLE policed (id int PRIMARY KEY, version int);
+             ALTER TABLE policed ENABLE ROW LEVEL SECURITY;
+             CREATE TABLE generated (id int PRIMARY KEY, x int, y int GENERATED ALWAYS AS (x * 2) STORED, version int);
+             CREATE TABLE split (id int PRIMARY KEY, version int) PARTITION BY RANGE (id);
+             CREATE TABLE split_1 PARTITION OF split FOR VALUES FROM (0) TO (10);
+             CREATE TABLE partial (id int, version int);
+             CREATE UNIQUE INDEX partial_id ON partial (id) WHERE id > 0;",
+        )
+        .unwrap();
+        assert!(is_direct("plain", r#"{"id": 1}"#, r#"{"doc": {}, "version": 1}"#));
+        assert!(is_direct("plain", r#"{"code": "a"}"#, r#"{"version": 1}"#), "any unique index finds the row");
+        assert!(!is_direct("plain", r#"{"id": 1}"#, r#"{"tags": ["a"], "version": 1}"#), "arrays");
+        assert!(!is_direct("plain", r#"{"id": 1}"#, r#"{"raw": {}, "version": 1}"#), "json");
+        assert!(!is_direct("guarded", r#"{"id": 1}"#, r#"{"version": 1}"#), "triggers");
+        assert!(!is_direct("parent", r#"{"id": 1}"#, r#"{"version": 1}"#), "referenced by a foreign key");
+        assert!(!is_direct("child", r#"{"id": 1}"#, r#"{"version": 1}"#), "a foreign key");
+        assert!(!is_direct("policed", r#"{"id": 1}"#, r#"{"version": 1}"#), "row-level security");
+        assert!(!is_direct("generated", r#"{"id": 1}"#, r#"{"x": 1, "version": 1}"#), "generated columns");
+        assert!(!is_direct("split", r#"{"id": 1}"#, r#"{"version": 1}"#), "a partitioned table");
+        assert!(!is_direct("split_1", r#"{"id": 1}"#, r#"{"version": 1}"#), "a partition");
+        assert!(!is_direct("partial", r#"{"id": 1}"#, r#"{"version": 1}"#), "a partial unique index");
+        Spi::run("SET idempotency.direct_writes = off").unwrap();
+        assert!(!is_direct("plain", r#"{"id": 1}"#, r#"{"doc": {}, "version": 1}"#), "direct writes off");
+        Spi::run("RESET idempotency.direct_writes").unwrap();
+    }
 }

@@ -127,8 +127,13 @@ impl Table {
         let c = self.get(column)?;
         let member = quote_literal(column);
         Ok(match c.conversion.as_str() {
-            "jsonb" => format!("({param} OPERATOR(pg_catalog.->) {member})"),
-            "json" => format!("({param} OPERATOR(pg_catalog.->) {member})::pg_catalog.json"),
+            // JSON null is SQL NULL for every column type, jsonb and json included, as in
+            // jsonb_populate_record.
+            "jsonb" | "json" => format!(
+                "(CASE WHEN pg_catalog.jsonb_typeof({param} OPERATOR(pg_catalog.->) {member}) OPERATOR(pg_catalog.<>) 'null' \
+                 THEN ({param} OPERATOR(pg_catalog.->) {member}) END)::{}",
+                c.type_name
+            ),
             "record" => format!(
                 "(pg_catalog.jsonb_populate_record(NULL::{table}, pg_catalog.jsonb_build_object({member}, {param} OPERATOR(pg_catalog.->) {member}))).{col}",
                 table = self.name,
