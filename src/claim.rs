@@ -115,7 +115,7 @@ impl Ledger {
                 return None;
             }
             let target = ledger_permissions((*rel).rd_id, columns, |p| {
-                p.check();
+                p.check(rel);
                 Target::begin(rel, p, true)
             });
             let row = target.virtual_slot();

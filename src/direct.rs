@@ -142,9 +142,17 @@ fn serialization_failure(what: &str) -> ! {
 }
 
 impl Permissions {
-    /// The executor's check: 42501 naming the table (or column) when the role lacks a privilege.
-    pub fn check(&self) {
-        unsafe { pg_sys::ExecCheckRTPerms(self.range_table, true) };
+    /// The executor's checks before a write to `rel`, in its order: a read-only transaction
+    /// (and so a hot standby) refuses it with 25006 unless the table is temporary, then a role
+    /// without a privilege gets 42501 naming the table or column.
+    ///
+    /// # Safety
+    /// `rel` must be the open relation these permissions are for.
+    pub unsafe fn check(&self, rel: pg_sys::Relation) {
+        if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
+            pg_sys::PreventCommandIfReadOnly(if self.updates() { c"UPDATE" } else { c"INSERT" }.as_ptr());
+        }
+        pg_sys::ExecCheckRTPerms(self.range_table, true);
     }
 }
 

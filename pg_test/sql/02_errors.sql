@@ -32,6 +32,12 @@ SELECT sqlstate_of($$SELECT idem_digest(NULL)$$);
 SELECT sqlstate_of($$SELECT idem_scope_id('')$$);
 SELECT sqlstate_of($$SELECT idem_fingerprint(NULL)$$);
 
+-- A read-only transaction (and so a hot standby) refuses a claim, as it refuses the INSERT.
+BEGIN READ ONLY;
+SELECT sqlstate_of($$SELECT idem_claim('read-only-1')$$) AS read_only_claim;
+SELECT sqlstate_of($$SELECT idem_claim_many(ARRAY['read-only-1'])$$) AS read_only_batch;
+ROLLBACK;
+
 -- The same errors reach a client with their hint; psql shows them like any driver would.
 \set VERBOSITY default
 SELECT idem_claim('');

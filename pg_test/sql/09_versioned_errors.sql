@@ -48,3 +48,14 @@ SELECT idem_versioned_update('read_model', '{"id": 1}', '{"colour": "red", "vers
 ROLLBACK TO SAVEPOINT s;
 SELECT idem_versioned_update('read_model', '{"id": 1}', '{"status": "after error", "version": 20}') AS still_usable;
 COMMIT;
+
+-- A read-only transaction refuses a versioned write, as it refuses the UPDATE; a temporary
+-- table stays writable, as it does for the UPDATE.
+BEGIN READ ONLY;
+SELECT sqlstate_of($$SELECT idem_versioned_update('read_model', '{"id": 1}', '{"version": 50}')$$) AS read_only_update;
+ROLLBACK;
+CREATE TEMP TABLE scratch (id int PRIMARY KEY, version int);
+INSERT INTO scratch VALUES (1, 1);
+BEGIN READ ONLY;
+SELECT idem_versioned_update('scratch', '{"id": 1}', '{"version": 2}') AS temp_table_in_read_only;
+ROLLBACK;

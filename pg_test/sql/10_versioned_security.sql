@@ -43,6 +43,22 @@ SELECT * FROM "we""ird; DROP TABLE read_model; --" ORDER BY 1;
 SELECT target, version_column FROM idempotency.version_guards;
 SELECT count(*) AS read_model_still_there FROM read_model;
 
-DROP OWNED BY idem_reader, idem_writer;
+-- Column privileges count column by column, as for the UPDATE statement: the key and the
+-- version must be readable, the changed columns writable.
+CREATE ROLE idem_columns;
+CREATE ROLE idem_blind;
+GRANT SELECT (id, version), UPDATE (status, version) ON read_model TO idem_columns;
+GRANT SELECT (id), UPDATE (status, version) ON read_model TO idem_blind;
+SET ROLE idem_columns;
+SELECT idem_versioned_update('read_model', '{"id": 2}', '{"status": "by column grant", "version": 120}') AS column_grants;
+RESET ROLE;
+SET ROLE idem_blind;
+SELECT sqlstate_of($$SELECT idem_versioned_update('read_model', '{"id": 2}', '{"status": "blind", "version": 121}')$$) AS version_not_readable;
+RESET ROLE;
+SELECT id, status, version FROM read_model WHERE id = 2;
+
+DROP OWNED BY idem_reader, idem_writer, idem_columns, idem_blind;
 DROP ROLE idem_reader;
 DROP ROLE idem_writer;
+DROP ROLE idem_columns;
+DROP ROLE idem_blind;

@@ -59,3 +59,15 @@ DROP FUNCTION audit_claim();
 DROP OWNED BY tenant_a, tenant_b;
 DROP ROLE tenant_a;
 DROP ROLE tenant_b;
+
+-- The extension dropped and created again under a session that has claimed and written:
+-- the session's next calls find the new ledger and the tables as they are now.
+SELECT idem_claim('before-recreate') AS before_recreate,
+       idem_versioned_update('feed', '{"id": 1}', '{"status": "v6", "version": 6}') AS write_before;
+SET client_min_messages = warning;
+DROP EXTENSION idempotency CASCADE;
+CREATE EXTENSION idempotency;
+RESET client_min_messages;
+SELECT idem_claim('before-recreate') AS new_again, idem_claim('before-recreate') AS duplicate,
+       idem_versioned_update('feed', '{"id": 1}', '{"status": "v7", "version": 7}') AS write_after;
+SELECT * FROM feed;

@@ -137,7 +137,7 @@ impl DirectUpdate {
     /// `rel` must be the plan's table, open with RowExclusiveLock; the members must be those
     /// the plan was made for, in the same order.
     pub unsafe fn run(&self, rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>]) -> bool {
-        self.permissions.check();
+        self.permissions.check(rel);
         let snapshot = StatementSnapshot::take();
         let given_key: Vec<pg_sys::Datum> = self.keys.iter().zip(key).map(|(k, m)| coerce(&k.column.input, &m.value).0).collect();
         let new_values: Vec<(pg_sys::Datum, bool)> =
