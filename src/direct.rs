@@ -6,8 +6,8 @@
 //! recheck), with the same permission checks and the same errors.
 //!
 //! Only a plain table qualifies: [`is_plain`] sends anything with triggers (foreign keys
-//! included), rules, row-level security, generated columns or partitions to the caller's SPI
-//! statement, which lets the full executor honour them.
+//! included), rules, row-level security, generated columns, partitions or inheritance
+//! children to the caller's SPI statement, which lets the full executor honour them.
 //!
 //! Error handling: a PostgreSQL error raised in here aborts the transaction, and the abort
 //! releases everything a [`Target`] holds (memory, relation and buffer references, the
@@ -48,6 +48,8 @@ pub unsafe fn is_plain(rel: pg_sys::Relation) -> bool {
     let constr = (*(*rel).rd_att).constr;
     class.relkind as u8 == pg_sys::RELKIND_RELATION
         && !class.relispartition
+        // A statement on a parent also reaches its inheritance children's rows.
+        && !class.relhassubclass
         && !class.relrowsecurity
         && (*rel).trigdesc.is_null()
         && (*rel).rd_rules.is_null()

@@ -75,6 +75,13 @@ INSERT INTO tenant_events VALUES (1, 1, 'new', 1), (2, 1, 'new', 1);
 SELECT idem_versioned_update('tenant_events', '{"tenant": 2, "id": 1}', '{"state": "done", "version": 2}') AS partitioned,
        idem_versioned_update('tenant_events', '{"tenant": 2, "id": 1}', '{"state": "stale", "version": 1}') AS partitioned_stale;
 SELECT * FROM tenant_events ORDER BY tenant, id;
+-- A table with inheritance children: the row may live in a child, as for UPDATE.
+CREATE TABLE shipments (id int, state text, version int);
+CREATE TABLE shipments_archive () INHERITS (shipments);
+CREATE UNIQUE INDEX shipments_id ON shipments (id);
+INSERT INTO shipments_archive VALUES (7, 'archived', 1);
+SELECT idem_versioned_update('shipments', '{"id": 7}', '{"state": "restored", "version": 2}') AS in_child;
+SELECT tableoid::regclass, * FROM shipments;
 -- Arrays, composites and json are built from JSON structure, as jsonb_populate_record does.
 CREATE TYPE money_amount AS (currency text, cents int);
 CREATE TABLE invoices (id int PRIMARY KEY, lines text[], amount money_amount, raw json, version int);

@@ -386,6 +386,8 @@ mod tests {
              CREATE TABLE generated (id int PRIMARY KEY, x int, y int GENERATED ALWAYS AS (x * 2) STORED, version int);
              CREATE TABLE split (id int PRIMARY KEY, version int) PARTITION BY RANGE (id);
              CREATE TABLE split_1 PARTITION OF split FOR VALUES FROM (0) TO (10);
+             CREATE TABLE parent_of (id int PRIMARY KEY, version int);
+             CREATE TABLE inheriting () INHERITS (parent_of);
              CREATE TABLE partial (id int, version int);
              CREATE UNIQUE INDEX partial_id ON partial (id) WHERE id > 0;",
         )
@@ -401,6 +403,7 @@ mod tests {
         assert!(!is_direct("generated", r#"{"id": 1}"#, r#"{"x": 1, "version": 1}"#), "generated columns");
         assert!(!is_direct("split", r#"{"id": 1}"#, r#"{"version": 1}"#), "a partitioned table");
         assert!(!is_direct("split_1", r#"{"id": 1}"#, r#"{"version": 1}"#), "a partition");
+        assert!(!is_direct("parent_of", r#"{"id": 1}"#, r#"{"version": 1}"#), "inheritance children");
         assert!(!is_direct("partial", r#"{"id": 1}"#, r#"{"version": 1}"#), "a partial unique index");
         Spi::run("SET idempotency.direct_writes = off").unwrap();
         assert!(!is_direct("plain", r#"{"id": 1}"#, r#"{"doc": {}, "version": 1}"#), "direct writes off");
