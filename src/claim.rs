@@ -64,16 +64,21 @@ const FINGERPRINT: usize = 3;
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Columns {
     /// idem_claim: key_digest, scope_id, fingerprint.
-    Single,
+    Single = 0,
     /// idem_claim_many: key_digest, scope_id.
-    Batch,
+    Batch = 1,
 }
 
 impl Columns {
     fn attnums(self) -> &'static [i16] {
+        const fn attnum(index: usize) -> i16 {
+            index as i16 + 1
+        }
+        const SINGLE: [i16; 3] = [attnum(KEY_DIGEST), attnum(SCOPE_ID), attnum(FINGERPRINT)];
+        const BATCH: [i16; 2] = [attnum(KEY_DIGEST), attnum(SCOPE_ID)];
         match self {
-            Columns::Single => &[1, 2, 4],
-            Columns::Batch => &[1, 2],
+            Columns::Single => &SINGLE,
+            Columns::Batch => &BATCH,
         }
     }
 }
@@ -100,7 +105,7 @@ fn ledger_permissions<R>(relid: pg_sys::Oid, columns: Columns, with: impl FnOnce
             *cache = Some((relid, [build(Columns::Single), build(Columns::Batch)]));
         }
         let (_, permissions) = cache.as_ref().expect("just filled");
-        with(&permissions[(columns == Columns::Batch) as usize])
+        with(&permissions[columns as usize])
     })
 }
 

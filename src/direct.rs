@@ -90,9 +90,17 @@ impl Permissions {
         Permissions { range_table }
     }
 
-    /// None yet: for a plan still being built.
-    pub const fn unset() -> Permissions {
-        Permissions { range_table: ptr::null_mut() }
+    /// The executor's checks before a write to `rel`, in its order: a read-only transaction
+    /// (and so a hot standby) refuses it with 25006 unless the table is temporary, then a role
+    /// without a privilege gets 42501 naming the table or column.
+    ///
+    /// # Safety
+    /// `rel` must be the open relation these permissions are for.
+    pub unsafe fn check(&self, rel: pg_sys::Relation) {
+        if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
+            pg_sys::PreventCommandIfReadOnly(if self.updates() { c"UPDATE" } else { c"INSERT" }.as_ptr());
+        }
+        pg_sys::ExecCheckRTPerms(self.range_table, true);
     }
 
     fn updates(&self) -> bool {
@@ -141,21 +149,6 @@ fn serialization_failure(what: &str) -> ! {
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         format!("could not serialize access due to concurrent {what}")
     );
-}
-
-impl Permissions {
-    /// The executor's checks before a write to `rel`, in its order: a read-only transaction
-    /// (and so a hot standby) refuses it with 25006 unless the table is temporary, then a role
-    /// without a privilege gets 42501 naming the table or column.
-    ///
-    /// # Safety
-    /// `rel` must be the open relation these permissions are for.
-    pub unsafe fn check(&self, rel: pg_sys::Relation) {
-        if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
-            pg_sys::PreventCommandIfReadOnly(if self.updates() { c"UPDATE" } else { c"INSERT" }.as_ptr());
-        }
-        pg_sys::ExecCheckRTPerms(self.range_table, true);
-    }
 }
 
 /// A new statement snapshot with the command counter advanced, as SPI takes one for every

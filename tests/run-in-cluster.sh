@@ -7,23 +7,21 @@ cd "$(dirname "$0")/.."
 
 show_diffs() { cat "$1/regression.diffs" 2>/dev/null | head -300; exit 1; }
 
-echo "== pg_regress: pg_test/sql -> pg_test/expected"
-mkdir -p target/regress target/regress-statements target/isolation target/isolation-statements
-"$PGXS_TEST/regress/pg_regress" --inputdir=pg_test --outputdir=target/regress \
-  --dbname=idempotency_regress $REGRESS_TESTS || show_diffs target/regress
+# Each suite runs twice against the same expected output: as is, and with every write
+# through its SPI statement. Direct writes are an optimisation, never a change of behaviour.
+both_ways() {  # both_ways TITLE OUTDIR COMMAND...
+  local title=$1 out=$2; shift 2
+  echo "== $title"
+  mkdir -p "$out" "$out-statements"
+  "$@" --outputdir="$out" || show_diffs "$out"
+  echo "== $title, again with idempotency.direct_writes = off"
+  PGOPTIONS="-c idempotency.direct_writes=off" "$@" --outputdir="$out-statements" || show_diffs "$out-statements"
+}
 
-# The same stories with every write through its SPI statement must give the same output:
-# direct writes are an optimisation, never a change of behaviour.
-echo "== pg_regress again with idempotency.direct_writes = off"
-PGOPTIONS="-c idempotency.direct_writes=off" "$PGXS_TEST/regress/pg_regress" --inputdir=pg_test \
-  --outputdir=target/regress-statements --dbname=idempotency_regress $REGRESS_TESTS || show_diffs target/regress-statements
-
-echo "== isolation: concurrent sessions, pg_test/isolation/specs -> expected"
-"$PGXS_TEST/isolation/pg_isolation_regress" --inputdir=pg_test/isolation \
-  --outputdir=target/isolation --dbname=idempotency_isolation $ISOLATION_TESTS || show_diffs target/isolation
-echo "== isolation again with idempotency.direct_writes = off"
-PGOPTIONS="-c idempotency.direct_writes=off" "$PGXS_TEST/isolation/pg_isolation_regress" --inputdir=pg_test/isolation \
-  --outputdir=target/isolation-statements --dbname=idempotency_isolation $ISOLATION_TESTS || show_diffs target/isolation-statements
+both_ways "pg_regress: pg_test/sql -> pg_test/expected" target/regress \
+  "$PGXS_TEST/regress/pg_regress" --inputdir=pg_test --dbname=idempotency_regress $REGRESS_TESTS
+both_ways "isolation: concurrent sessions, pg_test/isolation/specs -> expected" target/isolation \
+  "$PGXS_TEST/isolation/pg_isolation_regress" --inputdir=pg_test/isolation --dbname=idempotency_isolation $ISOLATION_TESTS
 
 echo "== client-driven tests (several real connections)"
 cargo test -p idempotency-client-tests -- --test-threads=1

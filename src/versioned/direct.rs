@@ -36,10 +36,19 @@ struct KeyColumn {
     collation: pg_sys::Oid,
 }
 
+/// A memory context of the backend's life, deleted with its owner.
+struct OwnedContext(pg_sys::MemoryContext);
+
+impl Drop for OwnedContext {
+    fn drop(&mut self) {
+        unsafe { pg_sys::MemoryContextDelete(self.0) };
+    }
+}
+
 /// The direct write for one (table, version column, key columns, changed columns).
 pub struct DirectUpdate {
     /// Owns what the input and equality functions cache between calls.
-    context: pg_sys::MemoryContext,
+    _context: OwnedContext,
     index: pg_sys::Oid,
     /// In the order of the key's members, as are `changes` of the changes' members.
     keys: Vec<KeyColumn>,
@@ -50,12 +59,6 @@ pub struct DirectUpdate {
     version_collation: pg_sys::Oid,
     /// SELECT on the key and version columns, UPDATE on the changed ones, as for the statement.
     permissions: Permissions,
-}
-
-impl Drop for DirectUpdate {
-    fn drop(&mut self) {
-        unsafe { pg_sys::MemoryContextDelete(self.context) };
-    }
 }
 
 unsafe fn attribute(rel: pg_sys::Relation, name: &str) -> Option<&pg_sys::FormData_pg_attribute> {
@@ -76,58 +79,50 @@ impl DirectUpdate {
         if !is_plain(rel) {
             return None;
         }
-        let context = pg_sys::AllocSetContextCreateInternal(
+        // Every early return below drops the context with what was built in it.
+        let owned = OwnedContext(pg_sys::AllocSetContextCreateInternal(
             pg_sys::TopMemoryContext,
             c"idempotency versioned update".as_ptr(),
             0,
             1024,
             8 * 1024,
-        );
-        // From here the plan owns the context, and dropping an unfinished plan frees it.
-        let mut plan = DirectUpdate {
-            context,
-            index: pg_sys::InvalidOid,
-            keys: Vec::new(),
-            changes: Vec::new(),
-            version: version_position,
-            version_order: ptr::null_mut(),
-            version_collation: pg_sys::InvalidOid,
-            permissions: Permissions::unset(),
-        };
-        let mut updated = Vec::new();
+        ));
+        let context = owned.0;
+        let mut columns = Vec::with_capacity(changes.len());
         for member in changes {
             let attr = attribute(rel, member.name)?;
-            plan.changes.push(Column { attnum: attr.attnum, input: input(attr, attr.atttypmod, context)? });
-            updated.push(attr.attnum);
+            columns.push(Column { attnum: attr.attnum, input: input(attr, attr.atttypmod, context)? });
         }
         let version_attr = attribute(rel, version)?;
         let order = pg_sys::lookup_type_cache(version_attr.atttypid, pg_sys::TYPECACHE_CMP_PROC_FINFO as i32);
         if (*order).cmp_proc_finfo.fn_oid == pg_sys::InvalidOid {
             return None;
         }
-        plan.version_order = &raw mut (*order).cmp_proc_finfo;
-        plan.version_collation = version_attr.attcollation;
 
-        let mut attnums = Vec::new();
-        for member in key {
-            attnums.push(attribute(rel, member.name)?.attnum);
-        }
-        let selected: Vec<i16> = attnums.iter().copied().chain([version_attr.attnum]).collect();
-        plan.permissions =
-            Permissions::new((*rel).rd_id, pg_sys::ACL_SELECT | pg_sys::ACL_UPDATE, &selected, &[], &updated, context);
+        let key_attrs: Vec<&pg_sys::FormData_pg_attribute> = key.iter().map(|m| attribute(rel, m.name)).collect::<Option<_>>()?;
+        let attnums: Vec<i16> = key_attrs.iter().map(|a| a.attnum).collect();
         let (index, positions) = unique_index(rel, &attnums)?;
-        plan.index = index.oid;
-        for ((member, &attnum), &position) in key.iter().zip(&attnums).zip(&positions) {
-            let attr = attribute(rel, member.name)?;
-            let equal = equality(attr.atttypid, index.opfamilies[position], index.input_types[position], context)?;
-            plan.keys.push(KeyColumn {
-                column: Column { attnum, input: input(attr, -1, context)? },
+        let mut keys = Vec::with_capacity(key.len());
+        for (attr, &position) in key_attrs.iter().zip(&positions) {
+            keys.push(KeyColumn {
+                column: Column { attnum: attr.attnum, input: input(attr, -1, context)? },
                 index_column: position as i16 + 1,
-                equal,
+                equal: equality(attr.atttypid, index.opfamilies[position], index.input_types[position], context)?,
                 collation: index.collations[position],
             });
         }
-        Some(plan)
+        let selected: Vec<i16> = attnums.iter().copied().chain([version_attr.attnum]).collect();
+        let updated: Vec<i16> = columns.iter().map(|c| c.attnum).collect();
+        Some(DirectUpdate {
+            permissions: Permissions::new((*rel).rd_id, pg_sys::ACL_SELECT | pg_sys::ACL_UPDATE, &selected, &[], &updated, context),
+            _context: owned,
+            index: index.oid,
+            keys,
+            changes: columns,
+            version: version_position,
+            version_order: &raw mut (*order).cmp_proc_finfo,
+            version_collation: version_attr.attcollation,
+        })
     }
 
     /// Runs the write; true when a row changed. A stale or missing row is found to be so

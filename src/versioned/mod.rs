@@ -340,6 +340,9 @@ fn versioned_update(
             )
             .hint("Pass the columns of the primary key or of a unique index, all of them and nothing else."));
         }
+        if let Some(direct) = unsafe { DirectUpdate::plan(rel, &key_members, &change_members, version) } {
+            return Ok(Plan::Direct(direct));
+        }
         let mut set = Vec::new();
         for member in &change_members {
             set.push(format!("{} = {}", quote_ident(member.name), table.value_of("$2", member.name)?));
@@ -356,10 +359,7 @@ fn versioned_update(
             matches = matches.join(" AND "),
             new_version = table.value_of("$2", version)?,
         );
-        Ok(match unsafe { DirectUpdate::plan(rel, &key_members, &change_members, version) } {
-            Some(direct) => Plan::Direct(direct),
-            None => Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])),
-        })
+        Ok(Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])))
     })?;
     let changed = match &*plan {
         Plan::Direct(direct) => unsafe { direct.run(rel, &key_members, &change_members) },
