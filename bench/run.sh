@@ -9,8 +9,8 @@
 #     which sets PGHOST/PGPORT/PGUSER/PGPASSWORD, so plain psql/pgbench connect.
 #
 # Settings (environment):
-#   BENCH_SECONDS  seconds per contender per round      (default 5)
-#   BENCH_ROUNDS   rounds of the throughput contenders (default 16)
+#   BENCH_SECONDS  seconds of each mixed pgbench run     (default 5)
+#   BENCH_ROUNDS   rounds of the three mixed runs        (default 16)
 #   PURGE_ROUNDS   rounds of claims beside a purge       (default 3)
 #   BENCH_CLIENTS  pgbench clients (= threads)           (default 2)
 #   BENCH_KEYS     keys retained for the size measurement (default 200000)
@@ -18,7 +18,8 @@
 #   PURGE_SECONDS  seconds of each claims-beside-a-purge round (default 5)
 #
 # The pgbench scripts are the files bench/claim_*.sql and bench/vupdate_*.sql; the schema of
-# the hand-written contenders is bench/setup.sql. Targets are informational: the script exits 0 on MISS.
+# the hand-written contenders is bench/setup.sql. Contenders that are compared share one
+# pgbench run (see "throughput" below). Targets are informational: the script exits 0 on MISS.
 set -euo pipefail
 
 BENCH_SECONDS=${BENCH_SECONDS:-5}
@@ -86,38 +87,46 @@ if [ -z "${DATABASE_URL:-}" ]; then
 else
   echo "reproduce with:    $SETTINGS_ENV DATABASE_URL=... make bench"
 fi
-echo "pgbench command:   pgbench ${PGBENCH_OPTS[*]} -f bench/<contender>.sql $BENCH_DBNAME"
+echo "pgbench command:   pgbench ${PGBENCH_OPTS[*]} -l -f bench/<hand>.sql@1 -f bench/<extension>.sql@1 $BENCH_DBNAME"
 echo "server version:    $(scalar 'SHOW server_version')"
 echo "pgbench version:   $(pgbench --version)"
 echo "synchronous_commit: server $(psql -X -A -t -d "$ADMIN_DB" -c 'SHOW synchronous_commit'), in $BENCH_DBNAME $(scalar 'SHOW synchronous_commit')"
 echo "fsync:             $(scalar 'SHOW fsync')"
-echo "autovacuum:        $(scalar 'SHOW autovacuum') (the tables are vacuumed before every contender instead)"
+echo "autovacuum:        $(scalar 'SHOW autovacuum') (the tables are vacuumed before every run instead)"
 echo "shared_preload_libraries: $(scalar 'SHOW shared_preload_libraries')"
 echo "max_wal_size:      $(scalar 'SHOW max_wal_size')"
 echo "shared_buffers:    $(scalar 'SHOW shared_buffers')"
 echo "clients/threads:   $BENCH_CLIENTS"
 echo "seconds per round: $BENCH_SECONDS"
-echo "rounds:            $BENCH_ROUNDS (contenders alternate within each round; a ratio is the median of the"
-echo "                   rounds' own ratios, so a slow spell of the machine hits both sides of it)"
+echo "rounds:            $BENCH_ROUNDS, each of a mixed claims run (hand, ext, plpgsql), a single-claim and a"
+echo "                   batch run, and a mixed versioned-update run (hand, ext); a mixed run interleaves its"
+echo "                   contenders transaction by transaction and a ratio compares their mean latencies in"
+echo "                   it; the summary takes the median of the rounds' ratios"
 echo "keys for size:     $BENCH_KEYS (batches of $FILL_BATCH, random UUID text keys)"
 echo "machine:           $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 
 # --- throughput --------------------------------------------------------------------------
-CONTENDERS=(ext hand plpgsql many vupdate_hand vupdate_ext)
-declare -A SCRIPT=(
-  [ext]=claim_ext.sql
-  [hand]=claim_hand.sql
-  [plpgsql]=claim_plpgsql.sql
-  [many]=claim_many.sql
-  [vupdate_hand]=vupdate_hand.sql
-  [vupdate_ext]=vupdate_ext.sql
+# A statement and the hand-written SQL it replaces run in ONE pgbench run: for every
+# transaction each client picks one of the run's scripts at random (pgbench -f a.sql@1
+# -f b.sql@1), so whatever the machine does during the run weighs on all of them alike.
+# pgbench logs every transaction's latency (-l); a contender's cost is its mean latency in
+# the run, and a ratio compares two means of the same run: hand / extension, so above 1
+# means the extension is faster. The 500-key batch is not mixed with single claims (a batch
+# on one core would only measure how it slows the other core's short transactions); it is
+# compared by keys/s with a run of single claims just before it.
+declare -A RUN=(
+  [claims]="claim_hand.sql claim_ext.sql claim_plpgsql.sql"
+  [versioned]="vupdate_hand.sql vupdate_ext.sql"
 )
-declare -A TPS=()   # contender -> space-separated tps of each round
+RUNS=(claims batch versioned)
+declare -A LAT=()     # run:script -> space-separated mean latency (µs) of each round
+declare -A RATIOS=()  # measure -> space-separated ratio of each round
+SINGLE_TPS='' MANY_TPS=''
 
-# Every contender starts from empty ledgers, the two versioned-update tables refilled with
-# VM_ROWS rows at version 0 (both identically, so neither contender meets more stale
-# versions or more dead tuples than the other), and a fresh checkpoint.
+# Every run starts from empty ledgers, the two versioned-update tables refilled with VM_ROWS
+# rows at version 0 (both identically, so neither contender meets more stale versions or
+# more dead tuples than the other), and a fresh checkpoint.
 reset_tables() {
   psql_bench -c "TRUNCATE idempotency.ledger, hand_ledger, plpgsql_ledger, vm_hand, vm_ext" \
     -c "INSERT INTO vm_hand (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, $VM_ROWS) AS g" \
@@ -125,9 +134,9 @@ reset_tables() {
     -c "VACUUM ANALYZE vm_hand, vm_ext" -c "CHECKPOINT"
 }
 
-# After a versioned-update contender: its table must hold only consistent rows (status
+# After a versioned-update run: each table must hold only consistent rows (status
 # 's' || version, as both scripts write them) and some writes must have landed; a contender
-# that silently wrote nothing (or wrote wrong rows) must not produce a tps figure.
+# that silently wrote nothing (or wrote wrong rows) must not produce a figure.
 check_versioned() {  # check_versioned TABLE
   local written consistent
   IFS='|' read -r written consistent <<<"$(scalar "SELECT count(*) FILTER (WHERE version > 0), bool_and(status = 's' || version) FROM $1")"
@@ -137,27 +146,48 @@ check_versioned() {  # check_versioned TABLE
   fi
 }
 
-# Runs one pgbench and prints its tps (excluding connection time).
-run_pgbench() {
-  local script=$1 out tps
-  if ! out=$(pgbench "${PGBENCH_OPTS[@]}" -f "$HERE/$script" "$BENCH_DB" 2>&1); then
-    echo "bench: pgbench failed for $script:" >&2
-    echo "$out" >&2
+# Fails with pgbench's output when it failed or reported failed transactions.
+check_pgbench() {  # check_pgbench WHAT STATUS OUTPUT
+  local failed
+  failed=$(printf '%s\n' "$3" | sed -nE 's/^number of failed transactions: ([0-9]+).*/\1/p' | head -n1)
+  if [ "$2" != 0 ] || { [ -n "$failed" ] && [ "$failed" != 0 ]; }; then
+    echo "bench: pgbench failed for $1:" >&2
+    echo "$3" >&2
     return 1
   fi
+}
+
+# Runs one pgbench over SCRIPTS mixed with equal weights and prints, per script in the order
+# given, "SCRIPT MEAN_LATENCY_US TRANSACTIONS" from the per-transaction log.
+run_mixed() {  # run_mixed SCRIPT...
+  local logs out status=0 args=() s
+  logs=$(mktemp -d)
+  for s in "$@"; do args+=(-f "$HERE/$s@1"); done
+  out=$(pgbench "${PGBENCH_OPTS[@]}" -l --log-prefix="$logs/log" "${args[@]}" "$BENCH_DB" 2>&1) || status=$?
+  check_pgbench "$*" "$status" "$out" || { rm -rf "$logs"; return 1; }
+  # Log lines: client_id transaction_no latency_us script_no time_epoch time_us
+  cat "$logs"/log.* | awk -v names="$*" '
+    { n[$4]++; sum[$4] += $3 }
+    END {
+      count = split(names, script, " ")
+      for (i = 1; i <= count; i++) {
+        if (n[i - 1] == 0) { printf "bench: %s ran no transaction\n", script[i] > "/dev/stderr"; exit 1 }
+        printf "%s %.2f %d\n", script[i], sum[i - 1] / n[i - 1], n[i - 1]
+      }
+    }'
+  status=$?
+  rm -rf "$logs"
+  return $status
+}
+
+# Runs a tps-only pgbench (one script) and prints its tps, excluding connection time.
+run_pgbench() {  # run_pgbench SCRIPT
+  local out tps status=0
+  out=$(pgbench "${PGBENCH_OPTS[@]}" -f "$HERE/$1" "$BENCH_DB" 2>&1) || status=$?
+  check_pgbench "$1" "$status" "$out" || return 1
   tps=$(printf '%s\n' "$out" | sed -nE 's/^tps = ([0-9.]+) \((without initial connection time|excluding connections establishing)\).*/\1/p' | head -n1)
   if [ -z "$tps" ]; then
-    tps=$(printf '%s\n' "$out" | sed -nE 's/^tps = ([0-9.]+).*/\1/p' | head -n1)
-  fi
-  if [ -z "$tps" ]; then
-    echo "bench: no tps line in pgbench output for $script:" >&2
-    echo "$out" >&2
-    return 1
-  fi
-  local failed
-  failed=$(printf '%s\n' "$out" | sed -nE 's/^number of failed transactions: ([0-9]+).*/\1/p' | head -n1)
-  if [ -n "$failed" ] && [ "$failed" != 0 ]; then
-    echo "bench: $failed failed transactions for $script:" >&2
+    echo "bench: no tps line in pgbench output for $1:" >&2
     echo "$out" >&2
     return 1
   fi
@@ -168,43 +198,55 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {
   if (NR == 0) { print 0; exit }
   if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2] + v[NR/2+1]) / 2 }'; }
 
-echo "-- throughput: tps per round --"
+ratio() { awk -v a="$1" -v b="$2" -v m="${3:-1}" 'BEGIN { printf "%.3f", a * m / b }'; }
+
+echo "-- throughput: mean latency per transaction (µs) in each round's mixed runs; tps of the batch runs --"
 for ((r = 1; r <= BENCH_ROUNDS; r++)); do
   line="round $r:"
-  for c in "${CONTENDERS[@]}"; do
+  for run in "${RUNS[@]}"; do
     reset_tables
-    t=$(run_pgbench "${SCRIPT[$c]}")
-    case $c in
-      vupdate_hand) check_versioned vm_hand ;;
-      vupdate_ext) check_versioned vm_ext ;;
+    if [ "$run" = batch ]; then
+      single=$(run_pgbench claim_ext.sql)
+      reset_tables
+      many=$(run_pgbench claim_many.sql)
+      SINGLE_TPS+=" $single" MANY_TPS+=" $many"
+      RATIOS[many]+=" $(ratio "$many" "$single" "$BATCH")"
+      line+=$(printf '  single %.0f tps, batch %.0f tps |' "$single" "$many")
+      continue
+    fi
+    results=$(run_mixed ${RUN[$run]})
+    if [ "$run" = versioned ]; then check_versioned vm_hand; check_versioned vm_ext; fi
+    declare -A mean=()
+    while read -r script latency _; do
+      mean[${script%.sql}]=$latency
+      LAT[$run:${script%.sql}]="${LAT[$run:${script%.sql}]:-} $latency"
+    done <<<"$results"
+    case $run in
+      claims)
+        RATIOS[claim]+=" $(ratio "${mean[claim_hand]}" "${mean[claim_ext]}")"
+        RATIOS[plpgsql]+=" $(ratio "${mean[claim_plpgsql]}" "${mean[claim_ext]}")"
+        line+=$(printf '  hand %.1f ext %.1f plpgsql %.1f |' "${mean[claim_hand]}" "${mean[claim_ext]}" "${mean[claim_plpgsql]}") ;;
+      versioned)
+        RATIOS[vupdate]+=" $(ratio "${mean[vupdate_hand]}" "${mean[vupdate_ext]}")"
+        line+=$(printf '  vupdate_hand %.1f vupdate_ext %.1f' "${mean[vupdate_hand]}" "${mean[vupdate_ext]}") ;;
     esac
-    TPS[$c]="${TPS[$c]:-} $t"
-    line+=$(printf '  %s %.0f' "$c" "$t")
+    unset mean
   done
   echo "$line"
 done
 echo
 
-declare -A MED=()
-for c in "${CONTENDERS[@]}"; do
-  MED[$c]=$(echo "${TPS[$c]}" | median)
-done
-
-# Paired view, less sensitive to load drift between rounds: the ratio within each round.
-# The ratio within each round, and their median: what the summary judges.
-declare -A RATIO=()
-paired() {  # paired NAME NUM DEN [MULT]: prints per-round NUM*MULT/DEN ratios, sets RATIO[NAME]
-  local -a n d; read -r -a n <<<"${TPS[$2]}"; read -r -a d <<<"${TPS[$3]}"
-  local i out=''
-  for i in "${!n[@]}"; do out+=" $(awk -v a="${n[$i]}" -v b="${d[$i]}" -v m="${4:-1}" 'BEGIN{printf "%.3f", a*m/b}')"; done
-  RATIO[$1]=$(echo "$out" | median)
-  printf 'per round:%s   median %.3f\n' "$out" "${RATIO[$1]}"
-}
-echo "ratios within each round:"
-printf '  %-40s' "idem_claim / hand INSERT:"; paired claim ext hand
-printf '  %-40s' "idem_claim / plpgsql claim:"; paired plpgsql ext plpgsql
-printf '  %-40s' "idem_claim_many keys / idem_claim keys:"; paired many many ext $BATCH
-printf '  %-40s' "idem_versioned_update / hand UPDATE:"; paired vupdate vupdate_ext vupdate_hand
+declare -A MED=() RATIO=()
+for key in "${!LAT[@]}"; do MED[$key]=$(echo "${LAT[$key]}" | median); done
+MED[single]=$(echo "$SINGLE_TPS" | median)
+MED[many]=$(echo "$MANY_TPS" | median)
+echo "ratios within each run (the summary judges their median):"
+for m in claim plpgsql many vupdate; do RATIO[$m]=$(echo "${RATIOS[$m]}" | median); done
+printf '  %-44s per round:%s   median %.3f\n' \
+  "idem_claim vs hand INSERT (hand/ext µs):" "${RATIOS[claim]}" "${RATIO[claim]}" \
+  "idem_claim vs plpgsql claim (plpgsql/ext µs):" "${RATIOS[plpgsql]}" "${RATIO[plpgsql]}" \
+  "idem_claim_many keys/s / idem_claim keys/s (tps):" "${RATIOS[many]}" "${RATIO[many]}" \
+  "idem_versioned_update vs hand UPDATE:" "${RATIOS[vupdate]}" "${RATIO[vupdate]}"
 echo
 
 # --- bytes per retained key --------------------------------------------------------------
@@ -260,11 +302,12 @@ echo "CALL idem_purge(): deleted $PURGED in ${PURGE_TIME}s = $PURGE_RATE claims/
 echo
 
 # Claims beside a purge: each round fills the ledger with expired claims, measures claims
-# alone, then claims while the purge, run as the pg_cron job runs it (pausing between
+# alone, then claims while the purge (two conditions, so two runs compared by tps), run as the pg_cron job runs it (pausing between
 # batches), deletes them, in a loop that keeps it running for the whole window.
 PURGE_FILL=$(( PURGE_KEYS + PURGE_KEYS / 2 ))
 echo "-- retention: idem_claim beside a running purge ($PURGE_FILL expired claims, ${PURGE_SECONDS}s windows, CALL idem_purge(pause => '$PURGE_PAUSE')) --"
 BESIDE_OPTS=(-n -M prepared -c "$BENCH_CLIENTS" -j "$BENCH_CLIENTS" -T "$PURGE_SECONDS")
+ALONE='' BESIDE=''
 for ((r = 1; r <= PURGE_ROUNDS; r++)); do
   fill_expired "$PURGE_FILL"
   alone=$(PGBENCH_OPTS=("${BESIDE_OPTS[@]}"); run_pgbench claim_ext.sql)
@@ -274,40 +317,42 @@ for ((r = 1; r <= PURGE_ROUNDS; r++)); do
   beside=$(PGBENCH_OPTS=("${BESIDE_OPTS[@]}"); run_pgbench claim_ext.sql)
   wait "$purger"
   left=$(scalar "SELECT count(*) FROM idempotency.ledger WHERE claimed_at < now() - interval '29 days'")
-  TPS[alone]="${TPS[alone]:-} $alone"
-  TPS[beside]="${TPS[beside]:-} $beside"
+  ALONE+=" $alone"
+  BESIDE+=" $beside"
+  RATIOS[purge]+=" $(ratio "$beside" "$alone")"
   printf 'round %d:  claims alone %.0f tps  beside a purge %.0f tps  (expired claims left after the window: %s)\n' "$r" "$alone" "$beside" "$left"
 done
-MED[alone]=$(echo "${TPS[alone]}" | median)
-MED[beside]=$(echo "${TPS[beside]}" | median)
-printf '  %-40s' "beside a purge / alone:"; paired purge beside alone
+MED[alone]=$(echo "$ALONE" | median)
+MED[beside]=$(echo "$BESIDE" | median)
+RATIO[purge]=$(echo "${RATIOS[purge]}" | median)
+printf '  %-44s per round:%s   median %.3f\n' "beside a purge / alone (tps):" "${RATIOS[purge]}" "${RATIO[purge]}"
 echo "retention index: none. The purge walks the heap by TID ranges, so claims maintain no"
 echo "  index for retention: throughput with it = without it (1.00 by construction), and the"
 echo "  bytes per key above already are the bytes per key with retention."
 echo
 # --- summary -----------------------------------------------------------------------------
-echo "== summary ($BENCH_ROUNDS rounds x ${BENCH_SECONDS}s, $BENCH_CLIENTS clients; tps: median of the rounds; ratio: median of the rounds' ratios) =="
-awk -v ext="${MED[ext]}" -v hand="${MED[hand]}" -v plp="${MED[plpgsql]}" -v many="${MED[many]}" \
-    -v vext="${MED[vupdate_ext]}" -v vhand="${MED[vupdate_hand]}" \
+echo "== summary ($BENCH_ROUNDS rounds x ${BENCH_SECONDS}s, $BENCH_CLIENTS clients; latency: median of the rounds' means; ratio: median of the rounds' ratios) =="
+awk -v ext="${MED[claims:claim_ext]}" -v hand="${MED[claims:claim_hand]}" -v plp="${MED[claims:claim_plpgsql]}" \
+    -v single="${MED[single]}" -v many="${MED[many]}" \
+    -v vext="${MED[versioned:vupdate_ext]}" -v vhand="${MED[versioned:vupdate_hand]}" \
     -v r="${RATIO[claim]}" -v rp="${RATIO[plpgsql]}" -v x="${RATIO[many]}" -v vr="${RATIO[vupdate]}" -v pr="${RATIO[purge]}" \
     -v alone="${MED[alone]}" -v beside="${MED[beside]}" -v prate="$PURGE_RATE" -v pkeys="$PURGED" -v ptime="$PURGE_TIME" \
     -v batch="$BATCH" -v er="$EXT_ROWS" -v et="$EXT_TOTAL" -v hr="$HAND_ROWS" -v ht="$HAND_TOTAL" '
 function verdict(ok) { return ok ? "PASS" : "MISS" }
 BEGIN {
-  printf "%-26s %12s %7s   %s\n", "contender", "median tps", "ratio", "target"
-  printf "%-26s %12.0f %7.2f   %-42s %s\n", "idem_claim", ext, r, ">= 1.00 x hand INSERT ON CONFLICT", verdict(r >= 1.0)
-  printf "%-26s %12.0f %7.2f\n", "hand INSERT ON CONFLICT", hand, 1.0
-  printf "%-26s %12.0f %7.2f   %-42s %s\n", "plpgsql claim", plp, plp / hand, sprintf("idem_claim / plpgsql = %.2f >= 1.00", rp), verdict(rp >= 1.0)
-  keys = many * batch
-  printf "%-26s %12.0f keys/s (%.0f tps)  %.2f x single idem_claim keys/s   target >= 10   %s\n", \
-         "idem_claim_many (" batch ")", keys, many, x, verdict(x >= 10)
-  printf "%-26s %12.0f %7.2f   %-42s %s\n", "idem_versioned_update", vext, vr, ">= 0.90 x hand conditional UPDATE", verdict(vr >= 0.90)
-  printf "%-26s %12.0f %7.2f\n", "hand conditional UPDATE", vhand, 1.0
+  printf "%-26s %12s %7s   %s\n", "contender", "latency µs", "ratio", "target (ratio = hand µs / extension µs, same run)"
+  printf "%-26s %12.1f %7.2f   %-42s %s\n", "idem_claim", ext, r, ">= 1.00 x hand INSERT ON CONFLICT", verdict(r >= 1.0)
+  printf "%-26s %12.1f %7.2f\n", "hand INSERT ON CONFLICT", hand, 1.0
+  printf "%-26s %12.1f %7.2f   %-42s %s\n", "plpgsql claim", plp, hand / plp, sprintf("idem_claim vs plpgsql = %.2f >= 1.00", rp), verdict(rp >= 1.0)
+  printf "%-26s %8.0f tps   %.0f keys/s, %.2f x single idem_claim keys/s (%.0f tps)   target >= 10   %s\n", \
+         "idem_claim_many (" batch ")", many, many * batch, x, single, verdict(x >= 10)
+  printf "%-26s %12.1f %7.2f   %-42s %s\n", "idem_versioned_update", vext, vr, ">= 0.90 x hand conditional UPDATE", verdict(vr >= 0.90)
+  printf "%-26s %12.1f %7.2f\n", "hand conditional UPDATE", vhand, 1.0
   bl = et / er; bh = ht / hr; br = bl / bh
   printf "bytes per key: ledger %.1f, hand %.1f, ratio %.2f (target <= 0.70)   %s\n", bl, bh, br, verdict(br <= 0.70)
   printf "purge: %d expired claims in %.2fs = %d claims/s\n", pkeys, ptime, prate
-  printf "%-26s %12.0f %7.2f   %-42s %s\n", "idem_claim beside a purge", beside, pr, ">= 0.80 x idem_claim alone", verdict(pr >= 0.80)
-  printf "%-26s %12.0f %7.2f\n", "idem_claim alone", alone, 1.0
+  printf "%-26s %8.0f tps %7.2f   %-42s %s\n", "idem_claim beside a purge", beside, pr, ">= 0.80 x idem_claim alone", verdict(pr >= 0.80)
+  printf "%-26s %8.0f tps %7.2f\n", "idem_claim alone", alone, 1.0
   printf "%-26s %12s %7.2f   %-42s %s\n", "claims with retention index", "(none)", 1.0, ">= 0.95 x without it", "PASS"
   miss = (r < 1.0) + (rp < 1.0) + (x < 10) + (br > 0.70) + (vr < 0.90) + (pr < 0.80)
   printf "targets: %d PASS, %d MISS%s\n", 7 - miss, miss, miss ? "   <-- MISS (informational; exit status stays 0)" : ""
