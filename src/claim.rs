@@ -121,7 +121,7 @@ impl Ledger {
             }
             let target = ledger_permissions((*rel).rd_id, columns, |p| {
                 p.check(rel);
-                Target::begin(rel, p, true)
+                Target::begin(rel, p)
             });
             let row = target.virtual_slot();
             let scratch = target.table_slot();

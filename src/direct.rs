@@ -11,13 +11,16 @@
 //!
 //! Error handling: a PostgreSQL error raised in here aborts the transaction, and the abort
 //! releases everything a [`Target`] holds (memory, relation and buffer references, the
-//! snapshot, locks), so only the success path cleans up, in [`Target::finish`].
+//! snapshot, locks), so only the success path cleans up, in [`Target::finish`]. The steps a
+//! write takes for every row run under one error guard each (see [`crate::unguarded`]).
 
 use std::ptr;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+use crate::unguarded::{self as ffi, guarded};
 
 /// `idempotency.direct_writes`: off sends every write through its SPI statement. The two
 /// ways give the same results (the test suite runs both); the switch is for measuring the
@@ -61,6 +64,8 @@ pub unsafe fn is_plain(rel: pg_sys::Relation) -> bool {
 /// only read by the permission check and the executor state that points at it).
 pub struct Permissions {
     range_table: *mut pg_sys::List,
+    /// An UPDATE's permissions, not an INSERT's.
+    updates: bool,
 }
 
 impl Permissions {
@@ -87,7 +92,7 @@ impl Permissions {
         (*rte).updatedCols = bitmap(updated);
         let range_table = pg_sys::lappend(ptr::null_mut(), rte.cast());
         pg_sys::MemoryContextSwitchTo(caller);
-        Permissions { range_table }
+        Permissions { range_table, updates: !updated.is_empty() }
     }
 
     /// The executor's checks before a write to `rel`, in its order: a read-only transaction
@@ -98,13 +103,9 @@ impl Permissions {
     /// `rel` must be the open relation these permissions are for.
     pub unsafe fn check(&self, rel: pg_sys::Relation) {
         if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
-            pg_sys::PreventCommandIfReadOnly(if self.updates() { c"UPDATE" } else { c"INSERT" }.as_ptr());
+            pg_sys::PreventCommandIfReadOnly(if self.updates { c"UPDATE" } else { c"INSERT" }.as_ptr());
         }
         pg_sys::ExecCheckRTPerms(self.range_table, true);
-    }
-
-    fn updates(&self) -> bool {
-        unsafe { !(*(pg_sys::list_nth(self.range_table, 0) as *mut pg_sys::RangeTblEntry)).updatedCols.is_null() }
     }
 }
 
@@ -159,10 +160,12 @@ pub struct StatementSnapshot(pg_sys::Snapshot);
 impl StatementSnapshot {
     pub fn take() -> StatementSnapshot {
         unsafe {
-            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-            pg_sys::CommandCounterIncrement();
-            pg_sys::UpdateActiveSnapshotCommandId();
-            StatementSnapshot(pg_sys::GetActiveSnapshot())
+            guarded(|| {
+                ffi::PushActiveSnapshot(ffi::GetTransactionSnapshot());
+                ffi::CommandCounterIncrement();
+                ffi::UpdateActiveSnapshotCommandId();
+                StatementSnapshot(ffi::GetActiveSnapshot())
+            })
         }
     }
 
@@ -176,7 +179,7 @@ impl StatementSnapshot {
 }
 
 /// Finds the row of `rel` whose columns of `index` (a unique index) equal `keys`, as
-/// `snapshot` sees it, and loads it into `slot`.
+/// `snapshot` sees it, and loads it into `slot`. Unguarded: call it inside a guarded step.
 ///
 /// # Safety
 /// `keys` must be initialised scan keys for the index's columns; `slot` a slot of the table.
@@ -187,32 +190,39 @@ pub unsafe fn find(
     keys: &mut [pg_sys::ScanKeyData],
     slot: *mut pg_sys::TupleTableSlot,
 ) -> bool {
-    let scan = pg_sys::index_beginscan(rel, index, snapshot, keys.len() as i32, 0);
-    pg_sys::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, ptr::null_mut(), 0);
-    let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
-    pg_sys::index_endscan(scan);
+    let scan = ffi::index_beginscan(rel, index, snapshot, keys.len() as i32, 0);
+    ffi::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, ptr::null_mut(), 0);
+    let found = ffi::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+    ffi::index_endscan(scan);
     found
 }
 
 impl Target {
     /// Starts writing `rel` (already open with RowExclusiveLock, [`is_plain`], and its
-    /// `permissions` checked) under the active snapshot. `speculative` prepares the unique
-    /// indexes for ON CONFLICT-style insertion.
+    /// `permissions` checked) under the active snapshot: inserting, with the indexes ready
+    /// for ON CONFLICT-style insertion, or updating, as the permissions say.
     ///
     /// # Safety
     /// `rel` must stay open until [`Target::finish`].
-    pub unsafe fn begin(rel: pg_sys::Relation, permissions: &Permissions, speculative: bool) -> Target {
-        let estate = pg_sys::CreateExecutorState();
-        let caller_context = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
-        pg_sys::ExecInitRangeTable(estate, permissions.range_table);
+    pub unsafe fn begin(rel: pg_sys::Relation, permissions: &Permissions) -> Target {
+        let updates = permissions.updates;
+        let operation = if updates { pg_sys::CmdType::CMD_UPDATE } else { pg_sys::CmdType::CMD_INSERT };
+        guarded(|| {
+            let estate = ffi::CreateExecutorState();
+            let caller_context = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
+            ffi::ExecInitRangeTable(estate, permissions.range_table);
 
-        let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
-        pg_sys::InitResultRelInfo(rri, rel, 1, ptr::null_mut(), 0);
-        pg_sys::CheckValidResultRel(rri, if permissions.updates() { pg_sys::CmdType::CMD_UPDATE } else { pg_sys::CmdType::CMD_INSERT });
-        pg_sys::ExecOpenIndices(rri, speculative);
-        (*estate).es_snapshot = pg_sys::GetActiveSnapshot();
-        (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
-        Target { rel, estate, rri, caller_context }
+            let rri = ffi::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
+            ffi::InitResultRelInfo(rri, rel, 1, ptr::null_mut(), 0);
+            ffi::CheckValidResultRel(rri, operation);
+            // An update opens the indexes once it needs them (see Target::update).
+            if !updates {
+                ffi::ExecOpenIndices(rri, true);
+            }
+            (*estate).es_snapshot = ffi::GetActiveSnapshot();
+            (*estate).es_output_cid = ffi::GetCurrentCommandId(true);
+            Target { rel, estate, rri, caller_context }
+        })
     }
 
     /// A slot of the table's own kind, freed with the target.
@@ -244,43 +254,42 @@ impl Target {
         scratch: *mut pg_sys::TupleTableSlot,
         mut precheck: bool,
     ) -> Insert {
-        let caller = self.begin_row();
-        let arbiters = pg_sys::lappend_oid(ptr::null_mut(), arbiter);
-        if !(*(*self.rel).rd_att).constr.is_null() {
-            pg_sys::ExecConstraints(self.rri, slot, self.estate);
-        }
-        loop {
+        // The index and heap code allocate as they go; each row's share lives in the
+        // per-tuple context, emptied when the row is done, so a batch runs in constant memory.
+        let (caller, arbiters) = guarded(|| {
+            let caller = pg_sys::MemoryContextSwitchTo((*ffi::MakePerTupleExprContext(self.estate)).ecxt_per_tuple_memory);
+            if !(*(*self.rel).rd_att).constr.is_null() {
+                ffi::ExecConstraints(self.rri, slot, self.estate);
+            }
+            (caller, pg_sys::lappend_oid(ptr::null_mut(), arbiter))
+        });
+        let outcome = loop {
             pgrx::check_for_interrupts!();
-            let mut conflict = pg_sys::ItemPointerData::default();
-            if precheck && !pg_sys::ExecCheckIndexConstraints(self.rri, slot, self.estate, &mut conflict, arbiters) {
-                self.check_conflict_visible(&mut conflict, scratch);
-                self.end_row(caller);
-                return Insert::Conflict;
+            let attempt = guarded(|| {
+                let mut conflict = pg_sys::ItemPointerData::default();
+                if precheck && !ffi::ExecCheckIndexConstraints(self.rri, slot, self.estate, &mut conflict, arbiters) {
+                    return Err(conflict);
+                }
+                let xid = ffi::GetCurrentTransactionId();
+                let token = ffi::SpeculativeInsertionLockAcquire(xid);
+                ffi::table_tuple_insert_speculative(self.rel, slot, (*self.estate).es_output_cid, 0, ptr::null_mut(), token);
+                let mut lost_race = false;
+                ffi::ExecInsertIndexTuples(self.rri, slot, self.estate, false, true, &mut lost_race, arbiters);
+                ffi::table_tuple_complete_speculative(self.rel, slot, token, !lost_race);
+                ffi::SpeculativeInsertionLockRelease(xid);
+                Ok(!lost_race)
+            });
+            match attempt {
+                Err(mut conflict) => {
+                    self.check_conflict_visible(&mut conflict, scratch);
+                    break Insert::Conflict;
+                }
+                Ok(true) => break Insert::Inserted,
+                Ok(false) => precheck = true,
             }
-            let xid = pg_sys::GetCurrentTransactionId();
-            let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
-            pg_sys::table_tuple_insert_speculative(self.rel, slot, (*self.estate).es_output_cid, 0, ptr::null_mut(), token);
-            let mut lost_race = false;
-            pg_sys::ExecInsertIndexTuples(self.rri, slot, self.estate, false, true, &mut lost_race, arbiters);
-            pg_sys::table_tuple_complete_speculative(self.rel, slot, token, !lost_race);
-            pg_sys::SpeculativeInsertionLockRelease(xid);
-            if !lost_race {
-                self.end_row(caller);
-                return Insert::Inserted;
-            }
-            precheck = true;
-        }
-    }
-
-    /// The index and heap code allocate as they go; each row's share lives in the per-tuple
-    /// context, emptied when the row is done, so a batch of keys runs in constant memory.
-    unsafe fn begin_row(&self) -> pg_sys::MemoryContext {
-        pg_sys::MemoryContextSwitchTo((*pg_sys::MakePerTupleExprContext(self.estate)).ecxt_per_tuple_memory)
-    }
-
-    unsafe fn end_row(&self, caller: pg_sys::MemoryContext) {
-        let row_context = pg_sys::MemoryContextSwitchTo(caller);
-        pg_sys::MemoryContextReset(row_context);
+        };
+        guarded(|| ffi::MemoryContextReset(pg_sys::MemoryContextSwitchTo(caller)));
+        outcome
     }
 
     /// ExecCheckTIDVisible: under REPEATABLE READ and SERIALIZABLE a conflict with a row the
@@ -312,34 +321,43 @@ impl Target {
     /// tuple of the table's row type.
     pub unsafe fn update(&self, old: *mut pg_sys::TupleTableSlot, new: *mut pg_sys::TupleTableSlot) -> Update {
         let estate = self.estate;
-        (*new).tts_tableOid = (*self.rel).rd_id;
-        pg_sys::ExecMaterializeSlot(new);
-        if !(*(*self.rel).rd_att).constr.is_null() {
-            pg_sys::ExecConstraints(self.rri, new, estate);
-        }
         let mut tid = (*old).tts_tid;
         let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
         let mut lock_mode = pg_sys::LockTupleMode::LockTupleExclusive;
-        let mut update_indexes = false;
-        let result = pg_sys::table_tuple_update(
-            self.rel,
-            &mut tid,
-            new,
-            (*estate).es_output_cid,
-            (*estate).es_snapshot,
-            ptr::null_mut(),
-            true,
-            &mut failure,
-            &mut lock_mode,
-            &mut update_indexes,
-        );
-        match result {
-            pg_sys::TM_Result::TM_Ok => {
-                if (*self.rri).ri_NumIndices > 0 && update_indexes {
-                    pg_sys::ExecInsertIndexTuples(self.rri, new, estate, true, false, ptr::null_mut(), ptr::null_mut());
-                }
-                Update::Updated
+        let result = guarded(|| {
+            (*new).tts_tableOid = (*self.rel).rd_id;
+            ffi::ExecMaterializeSlot(new);
+            if !(*(*self.rel).rd_att).constr.is_null() {
+                ffi::ExecConstraints(self.rri, new, estate);
             }
+            let mut update_indexes = false;
+            let result = ffi::table_tuple_update(
+                self.rel,
+                &mut tid,
+                new,
+                (*estate).es_output_cid,
+                (*estate).es_snapshot,
+                ptr::null_mut(),
+                true,
+                &mut failure,
+                &mut lock_mode,
+                &mut update_indexes,
+            );
+            if result == pg_sys::TM_Result::TM_Ok && update_indexes {
+                // Only now: a HOT update, which most updates of unindexed columns are, makes
+                // no index entries. The indexes opened are the ones the heap update judged
+                // against, as nothing reads invalidations in between.
+                if (*self.rri).ri_IndexRelationDescs.is_null() {
+                    ffi::ExecOpenIndices(self.rri, false);
+                }
+                if (*self.rri).ri_NumIndices > 0 {
+                    ffi::ExecInsertIndexTuples(self.rri, new, estate, true, false, ptr::null_mut(), ptr::null_mut());
+                }
+            }
+            result
+        });
+        match result {
+            pg_sys::TM_Result::TM_Ok => Update::Updated,
             pg_sys::TM_Result::TM_SelfModified => self.modified_by_self(&failure),
             pg_sys::TM_Result::TM_Updated => {
                 if uses_transaction_snapshot() {
@@ -389,10 +407,12 @@ impl Target {
     /// Ends the write: indexes closed, slots released, the executor state freed.
     pub fn finish(self) {
         unsafe {
-            pg_sys::ExecCloseIndices(self.rri);
-            pg_sys::ExecResetTupleTable((*self.estate).es_tupleTable, false);
-            pg_sys::MemoryContextSwitchTo(self.caller_context);
-            pg_sys::FreeExecutorState(self.estate);
+            guarded(|| {
+                ffi::ExecCloseIndices(self.rri);
+                ffi::ExecResetTupleTable((*self.estate).es_tupleTable, false);
+                pg_sys::MemoryContextSwitchTo(self.caller_context);
+                ffi::FreeExecutorState(self.estate);
+            })
         }
     }
 }

@@ -12,6 +12,7 @@ mod jsonb;
 mod keys;
 mod plans;
 mod retention;
+mod unguarded;
 mod versioned;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -44,12 +44,16 @@ INSERT INTO accounts VALUES (1, 'a@example.com', 1), (2, 'b@example.com', 1);
 SELECT sqlstate_of($$SELECT idem_versioned_update('accounts', '{"id": 2}', '{"email": "a@example.com", "version": 2}')$$) AS taken;
 -- The row can also be found by that other unique key.
 SELECT idem_versioned_update('accounts', '{"email": "b@example.com"}', '{"version": 2}') AS by_email;
+-- A changed indexed column gets its new index entry: the row is then found by that value.
+SELECT idem_versioned_update('accounts', '{"id": 1}', '{"email": "c@example.com", "version": 2}') AS moved;
+SELECT idem_versioned_update('accounts', '{"email": "c@example.com"}', '{"version": 3}') AS by_new_email;
+SELECT idem_versioned_update('accounts', '{"email": "a@example.com"}', '{"version": 4}') AS by_old_email;
 SELECT * FROM accounts ORDER BY id;
 
 -- A column dropped and one added with a default: the row keeps both right.
 ALTER TABLE accounts DROP COLUMN email;
 ALTER TABLE accounts ADD COLUMN tier text NOT NULL DEFAULT 'basic';
-SELECT idem_versioned_update('accounts', '{"id": 1}', '{"version": 3}') AS after_alter;
+SELECT idem_versioned_update('accounts', '{"id": 1}', '{"version": 4}') AS after_alter;
 SELECT * FROM accounts ORDER BY id;
 
 -- Tables that keep the statement, with the same results.

@@ -13,14 +13,52 @@ use std::ptr;
 use pgrx::pg_sys;
 
 use crate::direct::{find, is_plain, Permissions, StatementSnapshot, Target, Update};
-use crate::jsonb::Member;
+use crate::unguarded::{self as ffi, guarded};
+use crate::jsonb::{integer, Member};
 
 /// How a JSON member becomes a value of its column.
 enum Input {
     /// The member's text through the type's input function.
-    Text { function: Box<pg_sys::FmgrInfo>, io_param: pg_sys::Oid, typmod: i32 },
+    Text { function: Box<pg_sys::FmgrInfo>, io_param: pg_sys::Oid, typmod: i32, shortcut: Shortcut },
     /// A jsonb column stores the member itself.
     Jsonb,
+}
+
+/// Members whose value the input function would make from their text without any check
+/// that can fail, built directly: keys and versions are mostly integers and texts, and
+/// printing a number only to parse it again is a good part of a versioned write's cost.
+#[derive(Clone, Copy)]
+enum Shortcut {
+    None,
+    /// text: a JSON string's contents are the value.
+    Text,
+    /// int2, int4, int8: a JSON integer within the type's range is the value; anything else
+    /// ("5.0", out of range, a string) takes the input function and its exact error.
+    Integer { min: i64, max: i64 },
+}
+
+impl Shortcut {
+    fn of(type_oid: pg_sys::Oid) -> Shortcut {
+        match type_oid {
+            pg_sys::TEXTOID => Shortcut::Text,
+            pg_sys::INT2OID => Shortcut::Integer { min: i16::MIN.into(), max: i16::MAX.into() },
+            pg_sys::INT4OID => Shortcut::Integer { min: i32::MIN.into(), max: i32::MAX.into() },
+            pg_sys::INT8OID => Shortcut::Integer { min: i64::MIN, max: i64::MAX },
+            _ => Shortcut::None,
+        }
+    }
+
+    unsafe fn apply(self, value: &pg_sys::JsonbValue) -> Option<pg_sys::Datum> {
+        match (self, value.type_) {
+            (Shortcut::Text, pg_sys::jbvType::jbvString) => {
+                Some(pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(value.val.string.val, value.val.string.len)))
+            }
+            (Shortcut::Integer { min, max }, pg_sys::jbvType::jbvNumeric) => {
+                integer(value.val.numeric).filter(|n| (min..=max).contains(n)).map(pg_sys::Datum::from)
+            }
+            _ => None,
+        }
+    }
 }
 
 struct Column {
@@ -30,6 +68,8 @@ struct Column {
 
 struct KeyColumn {
     column: Column,
+    /// Which of the key's members holds the column's value.
+    member: usize,
     /// The column's position in the unique index, 1-based, as scan keys number them.
     index_column: i16,
     equal: Box<pg_sys::FmgrInfo>,
@@ -50,8 +90,9 @@ pub struct DirectUpdate {
     /// Owns what the input and equality functions cache between calls.
     _context: OwnedContext,
     index: pg_sys::Oid,
-    /// In the order of the key's members, as are `changes` of the changes' members.
+    /// In the unique index's column order, as its scan keys must be.
     keys: Vec<KeyColumn>,
+    /// In the order of the changes' members.
     changes: Vec<Column>,
     /// Which change is the version.
     version: usize,
@@ -103,14 +144,16 @@ impl DirectUpdate {
         let attnums: Vec<i16> = key_attrs.iter().map(|a| a.attnum).collect();
         let (index, positions) = unique_index(rel, &attnums)?;
         let mut keys = Vec::with_capacity(key.len());
-        for (attr, &position) in key_attrs.iter().zip(&positions) {
+        for (member, (attr, &position)) in key_attrs.iter().zip(&positions).enumerate() {
             keys.push(KeyColumn {
                 column: Column { attnum: attr.attnum, input: input(attr, -1, context)? },
+                member,
                 index_column: position as i16 + 1,
                 equal: equality(attr.atttypid, index.opfamilies[position], index.input_types[position], context)?,
                 collation: index.collations[position],
             });
         }
+        keys.sort_by_key(|k| k.index_column);
         let selected: Vec<i16> = attnums.iter().copied().chain([version_attr.attnum]).collect();
         let updated: Vec<i16> = columns.iter().map(|c| c.attnum).collect();
         Some(DirectUpdate {
@@ -134,34 +177,34 @@ impl DirectUpdate {
     pub unsafe fn run(&self, rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>]) -> bool {
         self.permissions.check(rel);
         let snapshot = StatementSnapshot::take();
-        let given_key: Vec<pg_sys::Datum> = self.keys.iter().zip(key).map(|(k, m)| coerce(&k.column.input, &m.value).0).collect();
+        let given_key: Vec<pg_sys::Datum> = self.keys.iter().map(|k| coerce(&k.column.input, &key[k.member].value).0).collect();
         let new_values: Vec<(pg_sys::Datum, bool)> =
             self.changes.iter().zip(changes).map(|(c, m)| coerce(&c.input, &m.value)).collect();
         let new_version = new_values[self.version].0;
-
         let mut scan_keys: Vec<pg_sys::ScanKeyData> = vec![std::mem::zeroed(); self.keys.len()];
-        let mut by_index_column: Vec<usize> = (0..self.keys.len()).collect();
-        by_index_column.sort_by_key(|&i| self.keys[i].index_column);
-        for (scan_key, &i) in scan_keys.iter_mut().zip(&by_index_column) {
-            let k = &self.keys[i];
-            pg_sys::ScanKeyEntryInitializeWithInfo(
-                scan_key,
-                0,
-                k.index_column,
-                pg_sys::BTEqualStrategyNumber as u16,
-                pg_sys::InvalidOid,
-                k.collation,
-                (&*k.equal as *const pg_sys::FmgrInfo).cast_mut(),
-                given_key[i],
-            );
-        }
-        let index = pg_sys::index_open(self.index, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-        let old = pg_sys::MakeSingleTupleTableSlot((*rel).rd_att, pg_sys::table_slot_callbacks(rel));
-        let changed = find(rel, index, snapshot.get(), &mut scan_keys, old)
-            && self.is_newer(old, new_version)
-            && self.write(rel, old, &given_key, &new_values, new_version);
-        pg_sys::ExecDropSingleTupleTableSlot(old);
-        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        let (index, old, newer) = guarded(|| {
+            for ((scan_key, k), &given) in scan_keys.iter_mut().zip(&self.keys).zip(&given_key) {
+                ffi::ScanKeyEntryInitializeWithInfo(
+                    scan_key,
+                    0,
+                    k.index_column,
+                    pg_sys::BTEqualStrategyNumber as u16,
+                    pg_sys::InvalidOid,
+                    k.collation,
+                    (&*k.equal as *const pg_sys::FmgrInfo).cast_mut(),
+                    given,
+                );
+            }
+            let index = ffi::index_open(self.index, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+            let old = ffi::MakeSingleTupleTableSlot((*rel).rd_att, ffi::table_slot_callbacks(rel));
+            let newer = find(rel, index, snapshot.get(), &mut scan_keys, old) && self.is_newer(old, new_version);
+            (index, old, newer)
+        });
+        let changed = newer && self.write(rel, old, &given_key, &new_values, new_version);
+        guarded(|| {
+            ffi::ExecDropSingleTupleTableSlot(old);
+            ffi::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        });
         snapshot.release();
         changed
     }
@@ -176,35 +219,17 @@ impl DirectUpdate {
         new_values: &[(pg_sys::Datum, bool)],
         new_version: pg_sys::Datum,
     ) -> bool {
-        let target = Target::begin(rel, &self.permissions, false);
+        let target = Target::begin(rel, &self.permissions);
         let new = target.virtual_slot();
-        let desc = &*(*rel).rd_att;
-        let natts = desc.natts as usize;
         let changed = loop {
-            pg_sys::ExecClearTuple(new);
-            pg_sys::slot_getallattrs(old);
-            let values = std::slice::from_raw_parts_mut((*new).tts_values, natts);
-            let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
-            values.copy_from_slice(std::slice::from_raw_parts((*old).tts_values, natts));
-            nulls.copy_from_slice(std::slice::from_raw_parts((*old).tts_isnull, natts));
-            for (i, null) in nulls.iter_mut().enumerate() {
-                // A dropped column's old bits are not carried into the new row.
-                if (*desc.attrs.as_ptr().add(i)).attisdropped {
-                    *null = true;
-                }
-            }
-            for (column, &(value, null)) in self.changes.iter().zip(new_values) {
-                let i = column.attnum as usize - 1;
-                (values[i], nulls[i]) = (value, null);
-            }
-            pg_sys::ExecStoreVirtualTuple(new);
+            guarded(|| self.fill(rel, old, new, new_values));
             match target.update(old, new) {
                 Update::Updated => break true,
                 Update::Skipped => break false,
                 // The row's newest version: still the row the key names, and still older?
                 Update::Recheck => {
-                    let same_row = self.keys.iter().zip(given_key).all(|(k, &given)| key_matches(old, k, given));
-                    if !same_row || !self.is_newer(old, new_version) {
+                    let same_row = guarded(|| self.keys.iter().zip(given_key).all(|(k, &given)| key_matches(old, k, given)));
+                    if !same_row || !guarded(|| self.is_newer(old, new_version)) {
                         break false;
                     }
                 }
@@ -214,18 +239,47 @@ impl DirectUpdate {
         changed
     }
 
-    /// A stored NULL version is older than any version.
+    /// The new row in `new`: the old row's values with the changes over them. Unguarded.
+    unsafe fn fill(
+        &self,
+        rel: pg_sys::Relation,
+        old: *mut pg_sys::TupleTableSlot,
+        new: *mut pg_sys::TupleTableSlot,
+        new_values: &[(pg_sys::Datum, bool)],
+    ) {
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts as usize;
+        ffi::ExecClearTuple(new);
+        ffi::slot_getallattrs(old);
+        let (values, nulls) = ((*new).tts_values, (*new).tts_isnull);
+        ptr::copy_nonoverlapping((*old).tts_values, values, natts);
+        ptr::copy_nonoverlapping((*old).tts_isnull, nulls, natts);
+        for i in 0..natts {
+            // A dropped column's old bits are not carried into the new row.
+            if (*(*desc).attrs.as_ptr().add(i)).attisdropped {
+                *nulls.add(i) = true;
+            }
+        }
+        for (column, &(value, null)) in self.changes.iter().zip(new_values) {
+            let i = column.attnum as usize - 1;
+            (*values.add(i), *nulls.add(i)) = (value, null);
+        }
+        ffi::ExecStoreVirtualTuple(new);
+    }
+
+    /// A stored NULL version is older than any version. Unguarded.
     unsafe fn is_newer(&self, old: *mut pg_sys::TupleTableSlot, new_version: pg_sys::Datum) -> bool {
         let mut null = false;
-        let stored = pg_sys::slot_getattr(old, i32::from(self.changes[self.version].attnum), &mut null);
-        null || pg_sys::FunctionCall2Coll(self.version_order, self.version_collation, new_version, stored).value() as i32 > 0
+        let stored = ffi::slot_getattr(old, i32::from(self.changes[self.version].attnum), &mut null);
+        null || ffi::FunctionCall2Coll(self.version_order, self.version_collation, new_version, stored).value() as i32 > 0
     }
 }
 
+/// Unguarded.
 unsafe fn key_matches(slot: *mut pg_sys::TupleTableSlot, key: &KeyColumn, given: pg_sys::Datum) -> bool {
     let mut null = false;
-    let stored = pg_sys::slot_getattr(slot, i32::from(key.column.attnum), &mut null);
-    !null && pg_sys::FunctionCall2Coll((&*key.equal as *const pg_sys::FmgrInfo).cast_mut(), key.collation, stored, given).value() != 0
+    let stored = ffi::slot_getattr(slot, i32::from(key.column.attnum), &mut null);
+    !null && ffi::FunctionCall2Coll((&*key.equal as *const pg_sys::FmgrInfo).cast_mut(), key.collation, stored, given).value() != 0
 }
 
 /// How `attr` takes a JSON member, or None for types jsonb_populate_record builds from JSON
@@ -247,7 +301,7 @@ unsafe fn input(attr: &pg_sys::FormData_pg_attribute, typmod: i32, context: pg_s
     pg_sys::getTypeInputInfo(type_oid, &mut function_oid, &mut io_param);
     let mut function = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
     pg_sys::fmgr_info_cxt(function_oid, &mut *function, context);
-    Some(Input::Text { function, io_param, typmod })
+    Some(Input::Text { function, io_param, typmod, shortcut: Shortcut::of(type_oid) })
 }
 
 /// numeric's output function, looked up once per backend.
@@ -269,7 +323,10 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
     }
     match input {
         Input::Jsonb => (pg_sys::Datum::from(pg_sys::JsonbValueToJsonb((value as *const pg_sys::JsonbValue).cast_mut())), false),
-        Input::Text { function, io_param, typmod } => {
+        Input::Text { function, io_param, typmod, shortcut } => {
+            if let Some(datum) = shortcut.apply(value) {
+                return (datum, false);
+            }
             let text = match value.type_ {
                 pg_sys::jbvType::jbvString => pg_sys::pnstrdup(value.val.string.val, value.val.string.len as usize),
                 pg_sys::jbvType::jbvBool => pg_sys::pstrdup(if value.val.boolean { c"true" } else { c"false" }.as_ptr()),
