@@ -13,7 +13,7 @@ REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs/*.spec))))
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
 
-.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test bench clean
+.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test bench bench-instructions clean
 
 all: install
 
@@ -65,6 +65,12 @@ pgrx-test: deps
 
 bench: install
 	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off -o autovacuum=off bash bench/run.sh; fi
+
+# callgrind's instruction counts per transaction, steadier than any tps (bench/instructions.sh).
+bench-instructions: install
+	@dpkg-query -W -f='$${Status}' valgrind 2>/dev/null | grep -q 'ok installed' || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind; }
+	bash bench/instructions.sh
 
 clean:
 	cargo clean

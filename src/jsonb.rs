@@ -69,7 +69,7 @@ pub unsafe fn object_members<'a>(datum: pg_sys::Datum, argument: &str) -> Result
         return Err(IdemError::new(SqlState::InvalidParameterValue, format!("{argument} must be a JSON object")));
     }
     let pairs = (header & JB_CMASK) as usize;
-    let children = (*root).children.as_ptr() as *const u32;
+    let children = (*root).children.as_ptr();
     let data = children.add(2 * pairs) as *const u8;
     let mut members = Vec::with_capacity(pairs);
     for i in 0..pairs {

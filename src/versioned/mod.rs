@@ -250,7 +250,7 @@ fn cached_plan(table: pg_sys::Oid, signature: String, build: impl FnOnce() -> Re
 fn run_statement(plan: &Plan, args: &[pg_sys::Datum]) -> bool {
     let Plan::Statement(statement) = plan else { unreachable!("a direct plan is run by its caller") };
     let args: Vec<DatumWithOid<'static>> = args.iter().map(|&d| unsafe { DatumWithOid::new(d, pg_sys::JSONBOID) }).collect();
-    execute(statement, &args, |t| t.len() > 0)
+    execute(statement, &args, |t| !t.is_empty())
 }
 
 fn signature(operation: &str, version: &str, sets: &[&[Member<'_>]]) -> String {
