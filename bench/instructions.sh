@@ -15,7 +15,6 @@ BIN=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
 N=${INSTRUCTIONS_TRANSACTIONS:-1000}
 SCRIPTS=("$@")
 [ ${#SCRIPTS[@]} -gt 0 ] || SCRIPTS=(vupdate_hand.sql vupdate_ext.sql)
-VM_ROWS=10000   # as in bench/run.sh
 
 WORK=$(mktemp -d /tmp/idempotency-instructions.XXXXXX)
 trap 'as_postgres "$BIN/pg_ctl" -D "$WORK/data" stop -m immediate >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
@@ -53,10 +52,7 @@ stop
 count() {  # count SCRIPT TRANSACTIONS: instructions of the pgbench backend
   rm -rf "$WORK/cg"; mkdir "$WORK/cg"; [ "$(id -u)" != 0 ] || chown postgres "$WORK/cg"
   start valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$WORK/cg/out.%p"
-  sql -c "TRUNCATE idempotency.ledger, hand_ledger, plpgsql_ledger, vm_hand, vm_ext" \
-    -c "INSERT INTO vm_hand (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, $VM_ROWS) AS g" \
-    -c "INSERT INTO vm_ext (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, $VM_ROWS) AS g" \
-    -c "VACUUM ANALYZE vm_hand, vm_ext" -c "CHECKPOINT"
+  sql -f "$HERE/reset.sql"
   pgbench -n -M prepared -c 1 -t "$2" -f "$HERE/$1" >/dev/null
   stop
   # The last backend forked is pgbench's.

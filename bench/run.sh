@@ -32,7 +32,6 @@ PURGE_SECONDS=${PURGE_SECONDS:-5}      # length of each claims-beside-a-purge ro
 PURGE_PAUSE='100 ms'                   # what idem_schedule_purge() passes by default
 BATCH=500          # keys per idem_claim_many call in the throughput test (see claim_many.sql)
 FILL_BATCH=10000   # keys per statement when filling the tables for the size measurement
-VM_ROWS=10000      # rows of vm_hand / vm_ext for the versioned-update contenders (see vupdate_*.sql)
 BENCH_DBNAME=idem_bench
 
 for v in BENCH_SECONDS BENCH_ROUNDS PURGE_ROUNDS BENCH_CLIENTS BENCH_KEYS PURGE_KEYS PURGE_SECONDS; do
@@ -124,15 +123,7 @@ declare -A LAT=()     # run:script -> space-separated mean latency (µs) of each
 declare -A RATIOS=()  # measure -> space-separated ratio of each round
 SINGLE_TPS='' MANY_TPS=''
 
-# Every run starts from empty ledgers, the two versioned-update tables refilled with VM_ROWS
-# rows at version 0 (both identically, so neither contender meets more stale versions or
-# more dead tuples than the other), and a fresh checkpoint.
-reset_tables() {
-  psql_bench -c "TRUNCATE idempotency.ledger, hand_ledger, plpgsql_ledger, vm_hand, vm_ext" \
-    -c "INSERT INTO vm_hand (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, $VM_ROWS) AS g" \
-    -c "INSERT INTO vm_ext (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, $VM_ROWS) AS g" \
-    -c "VACUUM ANALYZE vm_hand, vm_ext" -c "CHECKPOINT"
-}
+reset_tables() { psql_bench -f "$HERE/reset.sql"; }
 
 # After a versioned-update run: each table must hold only consistent rows (status
 # 's' || version, as both scripts write them) and some writes must have landed; a contender

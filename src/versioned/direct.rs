@@ -13,8 +13,8 @@ use std::ptr;
 use pgrx::pg_sys;
 
 use crate::direct::{find, is_plain, Permissions, StatementSnapshot, Target, Update};
-use crate::unguarded::{self as ffi, guarded};
 use crate::jsonb::{integer, Member};
+use crate::unguarded::{self as ffi, guarded};
 
 /// How a JSON member becomes a value of its column.
 enum Input {
@@ -228,8 +228,10 @@ impl DirectUpdate {
                 Update::Skipped => break false,
                 // The row's newest version: still the row the key names, and still older?
                 Update::Recheck => {
-                    let same_row = guarded(|| self.keys.iter().zip(given_key).all(|(k, &given)| key_matches(old, k, given)));
-                    if !same_row || !guarded(|| self.is_newer(old, new_version)) {
+                    let still_wanted = guarded(|| {
+                        self.keys.iter().zip(given_key).all(|(k, &given)| key_matches(old, k, given)) && self.is_newer(old, new_version)
+                    });
+                    if !still_wanted {
                         break false;
                     }
                 }
