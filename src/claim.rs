@@ -3,8 +3,8 @@
 //! a concurrent uncommitted claim of the same key makes the INSERT wait for that
 //! transaction's fate, which is exactly the answer a consumer needs.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
-use std::ffi::CStr;
 
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone, Uuid};
 use pgrx::pg_sys;
@@ -12,12 +12,20 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 
 use crate::digest::{fingerprint, parse_key, Scope};
-use crate::direct::{self, Insert, Permissions, Target};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
-use crate::plans::Statement;
+use crate::postgres::spi::Statement;
+use crate::postgres::write::{attributes, is_plain, open_owned, Insert, Permissions, Target};
 use crate::retention::check_late_replay;
 
+// The statements a claim stands for, and the reference the differential tester compares
+// direct claims with: the columns a claim does not name keep their defaults.
 static INSERT_CLAIM: Statement = Statement {
+    sql: "INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES ($1, $2) \
+          ON CONFLICT (key_digest) DO NOTHING",
+    args: &[pg_sys::UUIDOID, pg_sys::INT8OID],
+};
+
+static INSERT_CLAIM_WITH_FINGERPRINT: Statement = Statement {
     sql: "INSERT INTO idempotency.ledger (key_digest, scope_id, fingerprint) VALUES ($1, $2, $3) \
           ON CONFLICT (key_digest) DO NOTHING",
     args: &[pg_sys::UUIDOID, pg_sys::INT8OID, pg_sys::UUIDOID],
@@ -43,14 +51,15 @@ static INSERT_MANY: Statement = Statement {
     args: &[pg_sys::UUIDARRAYOID, pg_sys::INT8OID],
 };
 
-/// The ledger opened for claims without SPI (see [`crate::direct`]). The SPI statements above
-/// stay the way in when a DBA has given the ledger what only the full executor honours:
-/// row-level security for tenants, an audit trigger, a rule, an extra column.
+/// The ledger opened for claims without SPI (see [`crate::postgres::write`]). The SPI
+/// statements above stay the way in whenever the ledger is not exactly as sql/schema.sql
+/// made it: row-level security for tenants, an audit trigger, a rule, an extra column, a
+/// changed default, no unique index on key_digest.
 struct Ledger {
     target: Target,
     row: *mut pg_sys::TupleTableSlot,
     scratch: *mut pg_sys::TupleTableSlot,
-    arbiter: pg_sys::Oid,
+    arbiters: *mut pg_sys::List,
 }
 
 /// The ledger's columns, in table order, as sql/schema.sql creates them.
@@ -60,49 +69,58 @@ const SCOPE_ID: usize = 1;
 const CLAIMED_AT: usize = 2;
 const FINGERPRINT: usize = 3;
 
+const fn attnum(index: usize) -> i16 {
+    index as i16 + 1
+}
+
 /// The columns a claim names in its INSERT, and so needs INSERT privilege on.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Columns {
-    /// idem_claim: key_digest, scope_id, fingerprint.
-    Single = 0,
-    /// idem_claim_many: key_digest, scope_id.
-    Batch = 1,
+    /// key_digest, scope_id: a claim without a payload, and every batch.
+    Key = 0,
+    /// key_digest, scope_id, fingerprint: a claim with a payload.
+    KeyAndFingerprint = 1,
 }
 
 impl Columns {
     fn attnums(self) -> &'static [i16] {
-        const fn attnum(index: usize) -> i16 {
-            index as i16 + 1
-        }
-        const SINGLE: [i16; 3] = [attnum(KEY_DIGEST), attnum(SCOPE_ID), attnum(FINGERPRINT)];
-        const BATCH: [i16; 2] = [attnum(KEY_DIGEST), attnum(SCOPE_ID)];
+        const KEY: [i16; 2] = [attnum(KEY_DIGEST), attnum(SCOPE_ID)];
+        const WITH_FINGERPRINT: [i16; 3] = [attnum(KEY_DIGEST), attnum(SCOPE_ID), attnum(FINGERPRINT)];
         match self {
-            Columns::Single => &SINGLE,
-            Columns::Batch => &BATCH,
+            Columns::Key => &KEY,
+            Columns::KeyAndFingerprint => &WITH_FINGERPRINT,
         }
     }
 }
 
 thread_local! {
-    /// The OIDs of schema idempotency and of its ledger, found once per backend and checked
-    /// against the opened relation on every use (the extension may be dropped and recreated).
-    static LEDGER_OIDS: std::cell::Cell<(pg_sys::Oid, pg_sys::Oid)> =
-        const { std::cell::Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
-    /// The INSERT privilege checks of both kinds of claim, for the ledger they were made for.
+    /// The OIDs of schema idempotency and of its ledger (see [`open_owned`]).
+    static LEDGER_OIDS: Cell<(pg_sys::Oid, pg_sys::Oid)> = const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
+    /// The privilege checks of both kinds of claim, for the ledger they were made for.
     static LEDGER_PERMISSIONS: std::cell::RefCell<Option<(pg_sys::Oid, [Permissions; 2])>> =
         const { std::cell::RefCell::new(None) };
 }
 
 /// The permission check of a claim on the ledger `relid`, built once per backend (and again
-/// if the extension is recreated; the old one's few bytes stay in TopMemoryContext).
+/// if the extension is recreated; the old one's few bytes stay in TopMemoryContext). As for
+/// `INSERT … ON CONFLICT (key_digest)`: INSERT on the named columns, and SELECT on key_digest,
+/// which the conflict reads.
 fn ledger_permissions<R>(relid: pg_sys::Oid, columns: Columns, with: impl FnOnce(&Permissions) -> R) -> R {
     LEDGER_PERMISSIONS.with(|cache| {
         let mut cache = cache.borrow_mut();
         if !matches!(&*cache, Some((oid, _)) if *oid == relid) {
             let build = |c: Columns| unsafe {
-                Permissions::new(relid, pg_sys::ACL_INSERT, &[], c.attnums(), &[], pg_sys::TopMemoryContext)
+                // SAFETY: TopMemoryContext lives as long as the backend.
+                Permissions::new(
+                    relid,
+                    pg_sys::ACL_INSERT | pg_sys::ACL_SELECT,
+                    &[attnum(KEY_DIGEST)],
+                    c.attnums(),
+                    &[],
+                    pg_sys::TopMemoryContext,
+                )
             };
-            *cache = Some((relid, [build(Columns::Single), build(Columns::Batch)]));
+            *cache = Some((relid, [build(Columns::Key), build(Columns::KeyAndFingerprint)]));
         }
         let (_, permissions) = cache.as_ref().expect("just filled");
         with(&permissions[columns as usize])
@@ -112,27 +130,34 @@ fn ledger_permissions<R>(relid: pg_sys::Oid, columns: Columns, with: impl FnOnce
 impl Ledger {
     /// Opens the ledger for claims that write `columns`, after the same privilege checks the
     /// INSERT would get; None when the claim must go through SPI instead.
-    fn open(columns: Columns) -> Option<Ledger> {
+    fn open(columns: Columns) -> Result<Option<Ledger>> {
+        // SAFETY: the relation stays open until finish(), or until an error's abort.
         unsafe {
-            let rel = open_ledger_relation();
-            if !direct::is_plain(rel) || !has_ledger_shape(rel) {
-                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-                return None;
+            let rel = LEDGER_OIDS.with(|oids| open_owned(c"idempotency", c"ledger", oids))?;
+            let close = || pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+            if !is_plain(rel) || !has_ledger_shape(rel) {
+                close();
+                return Ok(None);
             }
-            let target = ledger_permissions((*rel).rd_id, columns, |p| {
-                p.check(rel);
-                Target::begin(rel, p)
-            });
+            let target = ledger_permissions((*rel).rd_id, columns, |p| -> Result<Target> {
+                p.check(rel)?;
+                Ok(Target::begin(rel, p)?)
+            })?;
+            let Some(arbiters) = target.arbiters(&[attnum(KEY_DIGEST)]) else {
+                // No unique index on key_digest alone: the statement raises 42P10.
+                target.finish()?;
+                close();
+                return Ok(None);
+            };
             let row = target.virtual_slot();
             let scratch = target.table_slot();
-            Some(Ledger { target, row, scratch, arbiter: pg_sys::RelationGetPrimaryKeyIndex(rel) })
+            Ok(Some(Ledger { target, row, scratch, arbiters }))
         }
     }
 
     /// Inserts the claim unless (scope, key) is already claimed; true when inserted.
-    /// `optimistic` skips the pre-check of the first insertion attempt (see
-    /// [`Target::insert_unless_present`]).
-    fn claim(&self, digest: Uuid, scope_id: i64, fingerprint: Option<Uuid>, optimistic: bool) -> bool {
+    fn claim(&self, digest: Uuid, scope_id: i64, fingerprint: Option<Uuid>) -> Result<bool> {
+        // SAFETY: the slot is the ledger's, built for its row type; its arrays hold natts entries.
         unsafe {
             let row = self.row;
             pg_sys::ExecClearTuple(row);
@@ -142,89 +167,76 @@ impl Ledger {
             nulls.fill(true);
             (values[KEY_DIGEST], nulls[KEY_DIGEST]) = (digest.into_datum().expect("a uuid datum"), false);
             (values[SCOPE_ID], nulls[SCOPE_ID]) = (pg_sys::Datum::from(scope_id), false);
+            // The column's default, now(), which has_ledger_shape made sure it still is.
             (values[CLAIMED_AT], nulls[CLAIMED_AT]) = (pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp()), false);
             if let Some(fingerprint) = fingerprint {
                 (values[FINGERPRINT], nulls[FINGERPRINT]) = (fingerprint.into_datum().expect("a uuid datum"), false);
             }
             pg_sys::ExecStoreVirtualTuple(row);
-            matches!(self.target.insert_unless_present(row, self.arbiter, self.scratch, !optimistic), Insert::Inserted)
+            Ok(matches!(self.target.insert_unless_present(row, self.arbiters, self.scratch)?, Insert::Inserted))
         }
     }
 
-    fn finish(self) {
+    fn finish(self) -> Result<()> {
         let rel = self.target.rel;
-        self.target.finish();
+        self.target.finish()?;
+        // SAFETY: opened by Ledger::open, closed once.
         unsafe { pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
+        Ok(())
     }
 }
-
-/// Opens idempotency.ledger with RowExclusiveLock once the caller may use its schema, the
-/// check that resolving the name in SQL would make.
-unsafe fn open_ledger_relation() -> pg_sys::Relation {
-    let lock = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-    let (mut schema, mut oid) = LEDGER_OIDS.get();
-    if schema == pg_sys::InvalidOid {
-        (schema, oid) = find_ledger();
-    }
-    loop {
-        let usage = pg_sys::pg_namespace_aclcheck(schema, pg_sys::GetUserId(), pg_sys::ACL_USAGE as pg_sys::AclMode);
-        if usage != pg_sys::AclResult::ACLCHECK_OK {
-            pg_sys::aclcheck_error(usage, pg_sys::ObjectType::OBJECT_SCHEMA, c"idempotency".as_ptr());
-        }
-        let rel = pg_sys::try_relation_open(oid, lock);
-        if !rel.is_null()
-            && (*(*rel).rd_rel).relnamespace == schema
-            && CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr()) == c"ledger"
-        {
-            return rel;
-        }
-        // The extension was dropped and created again since this backend last claimed.
-        if !rel.is_null() {
-            pg_sys::relation_close(rel, lock);
-        }
-        (schema, oid) = find_ledger();
-    }
-}
-
-unsafe fn find_ledger() -> (pg_sys::Oid, pg_sys::Oid) {
-    let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), false);
-    let oid = pg_sys::get_relname_relid(c"ledger".as_ptr(), schema);
-    if oid == pg_sys::InvalidOid {
-        error!("idempotency: relation idempotency.ledger does not exist; reinstall the extension");
-    }
-    LEDGER_OIDS.set((schema, oid));
-    (schema, oid)
-}
-
-/// The columns sql/schema.sql created, and no others still in use: a column a DBA added may
-/// have a default that only an INSERT statement would fill in.
-unsafe fn has_ledger_shape(rel: pg_sys::Relation) -> bool {
-    let desc = &*(*rel).rd_att;
-    let attr = |i: usize| &*desc.attrs.as_ptr().add(i);
-    desc.natts as usize >= LEDGER_TYPES.len()
-        && LEDGER_TYPES.iter().enumerate().all(|(i, &type_oid)| !attr(i).attisdropped && attr(i).atttypid == type_oid)
-        && (LEDGER_TYPES.len()..desc.natts as usize).all(|i| attr(i).attisdropped)
-}
-
-/// New claims in a row after which this backend expects the next one to be new as well.
-const CALM_CLAIMS: u32 = 16;
 
 thread_local! {
-    /// Consecutive new single claims of this backend, reset by every duplicate.
-    static NEW_IN_A_ROW: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Whether the ledger of this OID has the shape direct claims need, until the next
+    /// invalidation of its relcache entry (ALTER TABLE, a new default, a new index).
+    static LEDGER_SHAPE: Cell<Option<(pg_sys::Oid, bool)>> = const { Cell::new(None) };
 }
 
-/// While a consumer's claims keep being new, a claim skips the pre-check that only pays off
-/// for duplicates; the first duplicate brings the pre-check back until the claims have been
-/// new for a while again, so a replay of old messages never leaves more than one
-/// backed-out insertion behind per CALM_CLAIMS new claims. Batches, which a redelivered
-/// poll fills with duplicates, always pre-check.
-fn duplicates_are_rare() -> bool {
-    NEW_IN_A_ROW.get() >= CALM_CLAIMS
+unsafe extern "C-unwind" fn forget_ledger_shape(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    if LEDGER_SHAPE.get().is_some_and(|(oid, _)| relid == pg_sys::InvalidOid || relid == oid) {
+        LEDGER_SHAPE.set(None);
+    }
 }
 
-fn note_claim(new: bool) {
-    NEW_IN_A_ROW.set(if new { NEW_IN_A_ROW.get().saturating_add(1) } else { 0 });
+/// The columns sql/schema.sql created with their defaults, and no others still in use: a
+/// column a DBA added, a default changed or added, or an identity column would all need
+/// the INSERT statement to fill the row in.
+unsafe fn has_ledger_shape(rel: pg_sys::Relation) -> bool {
+    let relid = (*rel).rd_id;
+    if let Some((oid, shaped)) = LEDGER_SHAPE.get() {
+        if oid == relid {
+            return shaped;
+        }
+    }
+    thread_local! { static REGISTERED: Cell<bool> = const { Cell::new(false) }; }
+    if !REGISTERED.replace(true) {
+        pg_sys::CacheRegisterRelcacheCallback(Some(forget_ledger_shape), pg_sys::Datum::from(0));
+    }
+    let attrs = attributes(rel);
+    let shaped = attrs.len() >= LEDGER_TYPES.len()
+        && LEDGER_TYPES.iter().zip(attrs).all(|(&type_oid, attr)| !attr.attisdropped && attr.atttypid == type_oid)
+        && attrs[LEDGER_TYPES.len()..].iter().all(|attr| attr.attisdropped)
+        && attrs.iter().all(|attr| attr.attidentity == 0 && attr.attgenerated == 0)
+        && attrs.iter().enumerate().all(|(i, attr)| attr.atthasdef == (i == CLAIMED_AT))
+        && default_is_now(rel, attnum(CLAIMED_AT));
+    LEDGER_SHAPE.set(Some((relid, shaped)));
+    shaped
+}
+
+/// Whether the column's default is `now()`, as sql/schema.sql declares claimed_at's.
+unsafe fn default_is_now(rel: pg_sys::Relation, column: i16) -> bool {
+    let constr = (*(*rel).rd_att).constr;
+    if constr.is_null() {
+        return false;
+    }
+    let defaults = std::slice::from_raw_parts((*constr).defval, (*constr).num_defval as usize);
+    defaults.iter().filter(|d| d.adnum == column).any(|d| {
+        let node = pg_sys::stringToNode(d.adbin) as *mut pg_sys::Node;
+        !node.is_null()
+            && (*node).type_ == pg_sys::NodeTag::T_FuncExpr
+            && (*(node as *mut pg_sys::FuncExpr)).funcid == pg_sys::Oid::from(pg_sys::F_NOW)
+            && (*(node as *mut pg_sys::FuncExpr)).args.is_null()
+    })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -257,22 +269,22 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
     let digest = scope.key_digest(key);
     let fingerprint = payload.as_ref().map(|p| fingerprint(&p.0));
 
-    let args = [
-        DatumWithOid::from(digest),
-        DatumWithOid::from(scope.id),
-        DatumWithOid::from(fingerprint),
-    ];
-    let insert = || match Ledger::open(Columns::Single) {
-        Some(ledger) => {
-            let inserted = ledger.claim(digest, scope.id, fingerprint, duplicates_are_rare());
-            ledger.finish();
-            note_claim(inserted);
-            inserted
+    let columns = if fingerprint.is_some() { Columns::KeyAndFingerprint } else { Columns::Key };
+    let insert = || -> Result<bool> {
+        if let Some(ledger) = Ledger::open(columns)? {
+            let inserted = ledger.claim(digest, scope.id, fingerprint)?;
+            ledger.finish()?;
+            return Ok(inserted);
         }
-        None => INSERT_CLAIM.run(&args, |t| t.len() == 1),
+        let inserted = match fingerprint {
+            Some(f) => INSERT_CLAIM_WITH_FINGERPRINT
+                .run(&[DatumWithOid::from(digest), DatumWithOid::from(scope.id), DatumWithOid::from(f)], |rows| rows.len() == 1),
+            None => INSERT_CLAIM.run(&[DatumWithOid::from(digest), DatumWithOid::from(scope.id)], |rows| rows.len() == 1),
+        };
+        Ok(inserted?)
     };
     let inserted = match wait {
-        Wait::Block => insert(),
+        Wait::Block => insert()?,
         Wait::NoWait => insert_without_waiting(insert, key)?,
     };
     if inserted {
@@ -287,9 +299,9 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
     }
 
     // A duplicate: read the first claim (INSERT first, then read; never the reverse).
-    let first = READ_CLAIM.run(&[DatumWithOid::from(digest)], |t| {
-        t.first().get_three::<TimestampWithTimeZone, Uuid, JsonB>().ok()
-    });
+    let first = READ_CLAIM.run(&[DatumWithOid::from(digest)], |rows| {
+        (!rows.is_empty()).then(|| (rows.get::<TimestampWithTimeZone>(0, 1), rows.get::<Uuid>(0, 2), rows.get::<JsonB>(0, 3)))
+    })?;
     let Some((claimed_at, stored, result)) = first else {
         // Purged between our conflict and our read: still a duplicate, with nothing to replay.
         return Ok(Claim { claimed: false, claimed_at: None, result: None });
@@ -311,25 +323,26 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
 /// The claim with lock_timeout at its 1 ms minimum for the INSERT alone: PostgreSQL has no
 /// NOWAIT for ON CONFLICT, and the wait for another transaction's uncommitted row is a lock
 /// wait that lock_timeout ends.
-fn insert_without_waiting(insert: impl Fn() -> bool + std::panic::RefUnwindSafe, key: &str) -> Result<bool> {
+fn insert_without_waiting(insert: impl Fn() -> Result<bool>, key: &str) -> Result<bool> {
     struct Restore(i32);
     impl Drop for Restore {
         fn drop(&mut self) {
+            // SAFETY: a backend-local setting, restored to what it was.
             unsafe { pg_sys::LockTimeout = self.0 };
         }
     }
+    // SAFETY: as above.
     let _restore = Restore(unsafe { pg_sys::LockTimeout });
     unsafe { pg_sys::LockTimeout = 1 };
-    PgTryBuilder::new(|| Ok(insert()))
-        .catch_when(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| {
-            Err(IdemError::new(
-                SqlState::LockNotAvailable,
-                format!("could not claim key \"{}\" without waiting", abbreviate(key)),
-            )
-            .detail("Another transaction holds an uncommitted claim of this key (or a lock the claim needs) and has not committed or rolled back yet.")
-            .hint("Requeue the message; if the other transaction commits its claim, the redelivery is a duplicate."))
-        })
-        .execute()
+    match insert() {
+        Err(IdemError::Postgres(e)) if e.sqlerrcode() == PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32 => Err(IdemError::new(
+            SqlState::LockNotAvailable,
+            format!("could not claim key \"{}\" without waiting", abbreviate(key)),
+        )
+        .detail("Another transaction holds an uncommitted claim of this key (or a lock the claim needs) and has not committed or rolled back yet.")
+        .hint("Requeue the message; if the other transaction commits its claim, the redelivery is a duplicate.")),
+        other => other,
+    }
 }
 
 fn transaction_start() -> TimestampWithTimeZone {
@@ -350,7 +363,7 @@ fn store_result(key: Option<&str>, result: Option<JsonB>, scope: Option<&str>) -
     let scope = Scope::parse(scope)?;
     let result = required(result, "result")?;
     let args = [DatumWithOid::from(scope.key_digest(key)), DatumWithOid::from(result)];
-    if STORE_RESULT.run(&args, |t| t.len()) == 0 {
+    if STORE_RESULT.run(&args, |rows| rows.len())? == 0 {
         return Err(IdemError::new(
             SqlState::NotClaimed,
             format!("key \"{}\" in scope \"{}\" has no claim to store a result for", abbreviate(key), scope.name),
@@ -365,7 +378,7 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
     let scope = Scope::parse(scope)?;
     let mut digests = Vec::with_capacity(keys.len());
     for (i, key) in keys.iter().enumerate() {
-        let key = parse_key(key, "key").map_err(|e| IdemError { message: format!("keys[{}]: {}", i + 1, e.message), ..e })?;
+        let key = parse_key(key, "key").map_err(|e| e.within(&format!("keys[{}]", i + 1)))?;
         digests.push(scope.key_digest(key));
     }
     // The first position of each distinct digest is the one that may report "new".
@@ -378,17 +391,22 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
         return Ok(Vec::new());
     }
     distinct.sort_unstable();
-    let inserted: HashSet<[u8; 16]> = match Ledger::open(Columns::Batch) {
+    let inserted: HashSet<[u8; 16]> = match Ledger::open(Columns::Key)? {
         Some(ledger) => {
-            let new = distinct.iter().filter(|d| ledger.claim(Uuid::from_bytes(**d), scope.id, None, false)).copied().collect();
-            ledger.finish();
+            let mut new = HashSet::with_capacity(distinct.len());
+            for d in &distinct {
+                if ledger.claim(Uuid::from_bytes(*d), scope.id, None)? {
+                    new.insert(*d);
+                }
+            }
+            ledger.finish()?;
             new
         }
         None => {
             let batch: Vec<Uuid> = distinct.iter().map(|d| Uuid::from_bytes(*d)).collect();
-            INSERT_MANY.run(&[DatumWithOid::from(batch), DatumWithOid::from(scope.id)], |table| {
-                table.filter_map(|row| row.get::<Uuid>(1).ok().flatten()).map(|d| *d.as_bytes()).collect()
-            })
+            INSERT_MANY.run(&[DatumWithOid::from(batch), DatumWithOid::from(scope.id)], |rows| {
+                (0..rows.len()).filter_map(|i| rows.get::<Uuid>(i, 1)).map(|d| *d.as_bytes()).collect()
+            })?
         }
     };
     Ok(digests

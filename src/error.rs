@@ -10,6 +10,8 @@ use std::ffi::{c_char, c_int, CString};
 
 use pgrx::pg_sys;
 
+use crate::postgres::PgError;
+
 /// The SQLSTATEs this extension raises. The README's error table is generated from the same list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SqlState {
@@ -59,8 +61,18 @@ impl SqlState {
     }
 }
 
+/// A failure of a call: one of the extension's own documented errors, or an error PostgreSQL
+/// raised on the way (a user's trigger, a constraint, a lock timeout), kept whole so that
+/// the client sees it exactly as the equivalent statement would raise it.
 #[derive(Debug)]
-pub struct IdemError {
+pub enum IdemError {
+    Own(Report),
+    Postgres(PgError),
+}
+
+/// One of the extension's own errors.
+#[derive(Debug)]
+pub struct Report {
     pub state: SqlState,
     pub message: String,
     pub detail: Option<String>,
@@ -71,15 +83,40 @@ pub type Result<T> = std::result::Result<T, IdemError>;
 
 impl IdemError {
     pub fn new(state: SqlState, message: impl Into<String>) -> Self {
-        IdemError { state, message: message.into(), detail: None, hint: None }
+        IdemError::Own(Report { state, message: message.into(), detail: None, hint: None })
     }
     pub fn detail(mut self, detail: impl Into<String>) -> Self {
-        self.detail = Some(detail.into());
+        if let IdemError::Own(report) = &mut self {
+            report.detail = Some(detail.into());
+        }
         self
     }
     pub fn hint(mut self, hint: impl Into<String>) -> Self {
-        self.hint = Some(hint.into());
+        if let IdemError::Own(report) = &mut self {
+            report.hint = Some(hint.into());
+        }
         self
+    }
+    /// The message prefixed with where in the arguments the error was found.
+    pub fn within(mut self, place: &str) -> Self {
+        if let IdemError::Own(report) = &mut self {
+            report.message = format!("{place}: {}", report.message);
+        }
+        self
+    }
+    /// The extension's own SQLSTATE, or None for an error PostgreSQL raised.
+    #[cfg(any(test, feature = "pg_test"))]
+    pub fn state(&self) -> Option<SqlState> {
+        match self {
+            IdemError::Own(report) => Some(report.state),
+            IdemError::Postgres(_) => None,
+        }
+    }
+}
+
+impl From<PgError> for IdemError {
+    fn from(error: PgError) -> Self {
+        IdemError::Postgres(error)
     }
 }
 
@@ -124,17 +161,35 @@ unsafe extern "C-unwind" {
 #[inline]
 pub unsafe fn raise_pending() {
     if let Some(error) = PENDING.with(|p| p.borrow_mut().take()) {
-        emit(pg_sys::PGERROR as c_int, error);
-        unreachable!("errfinish returned from an ERROR");
+        raise(error);
     }
 }
 
-/// Reports a WARNING with its own SQLSTATE; a warning returns, so it is safe anywhere.
-pub fn warn(warning: IdemError) {
-    unsafe { emit(pg_sys::WARNING as c_int, warning) }
+/// Raises one of the extension's errors at once, as an ERROR PostgreSQL itself raises: inside
+/// [`crate::postgres::catch`] it is caught like any other.
+///
+/// # Safety
+/// The caller's frames are skipped: they must hold no value with a destructor. A Postgres
+/// error passed here is raised again as it was.
+pub unsafe fn raise(error: IdemError) -> ! {
+    match error {
+        IdemError::Own(report) => {
+            emit(pg_sys::PGERROR as c_int, report);
+            unreachable!("errfinish returned from an ERROR");
+        }
+        IdemError::Postgres(error) => error.rethrow(),
+    }
 }
 
-unsafe fn emit(level: c_int, report: IdemError) {
+/// Reports one of the extension's errors as a WARNING with its own SQLSTATE; a warning
+/// returns, so it is safe anywhere.
+pub fn warn(warning: IdemError) {
+    if let IdemError::Own(report) = warning {
+        unsafe { emit(pg_sys::WARNING as c_int, report) }
+    }
+}
+
+unsafe fn emit(level: c_int, report: Report) {
     let sqlstate = encode_sqlstate(report.state.code());
     let message = palloc_cstr(Some(report.message));
     let detail = palloc_cstr(report.detail);

@@ -269,8 +269,9 @@ mod tests {
     fn only_objects_have_members() {
         for text in ["[1, 2]", "5", r#""text""#, "null"] {
             let error = unsafe { object_members(jsonb(text), "key") }.err().expect(text);
-            assert_eq!(error.state, SqlState::InvalidParameterValue);
-            assert_eq!(error.message, "key must be a JSON object");
+            let IdemError::Own(report) = error else { panic!("an own error") };
+            assert_eq!(report.state, SqlState::InvalidParameterValue);
+            assert_eq!(report.message, "key must be a JSON object");
         }
     }
 }

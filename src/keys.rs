@@ -140,6 +140,6 @@ mod tests {
     #[pg_test]
     fn child_keys_put_the_position_last() {
         assert_eq!(child_key(Some("m#1"), Some(2)).unwrap(), "m#1#2");
-        assert_eq!(child_key(Some("m"), Some(-1)).unwrap_err().state, SqlState::InvalidParameterValue);
+        assert_eq!(child_key(Some("m"), Some(-1)).unwrap_err().state(), Some(SqlState::InvalidParameterValue));
     }
 }

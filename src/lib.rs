@@ -6,13 +6,11 @@ use pgrx::prelude::*;
 
 mod claim;
 mod digest;
-mod direct;
 mod error;
 mod jsonb;
 mod keys;
-mod plans;
+mod postgres;
 mod retention;
-mod unguarded;
 mod versioned;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -24,7 +22,7 @@ extension_sql_file!("../sql/retention.sql", name = "retention", finalize);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     retention::define_settings();
-    direct::define_settings();
+    postgres::write::define_settings();
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
 use crate::digest::Scope;
 use crate::error::{warn, IdemError, Result, SqlState};
-use crate::plans::Statement;
+use crate::postgres::spi::Statement;
 
 /// Seven days, NServiceBus's KeepDeduplicationDataFor default: long enough for a week-end's
 /// DLQ to be replayed on Monday. Production scopes should declare their own.
@@ -51,9 +51,8 @@ static LATE: Statement = Statement {
 /// with it when the scope was declared with late_replay => 'warn'.
 pub fn check_late_replay(scope: &Scope<'_>, sent_at: TimestampWithTimeZone) -> Result<()> {
     let args = [DatumWithOid::from(scope.id), DatumWithOid::from(sent_at), DatumWithOid::from(default_retention())];
-    let (late, mode, retention) = LATE.run(&args, |t| {
-        t.first().get_three::<bool, String, String>().expect("one row")
-    });
+    let (late, mode, retention) =
+        LATE.run(&args, |rows| (rows.get::<bool>(0, 1), rows.get::<String>(0, 2), rows.get::<String>(0, 3)))?;
     if late != Some(true) {
         return Ok(());
     }

@@ -12,9 +12,9 @@ use std::ptr;
 
 use pgrx::pg_sys;
 
-use crate::direct::{find, is_plain, Permissions, StatementSnapshot, Target, Update};
 use crate::jsonb::{integer, Member};
-use crate::unguarded::{self as ffi, guarded};
+use crate::postgres::write::{attributes, find, is_plain, Permissions, StatementSnapshot, Target, Update};
+use crate::postgres::{catch, ffi, PgError};
 
 /// How a JSON member becomes a value of its column.
 enum Input {
@@ -51,7 +51,7 @@ impl Shortcut {
     unsafe fn apply(self, value: &pg_sys::JsonbValue) -> Option<pg_sys::Datum> {
         match (self, value.type_) {
             (Shortcut::Text, pg_sys::jbvType::jbvString) => {
-                Some(pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(value.val.string.val, value.val.string.len)))
+                Some(pg_sys::Datum::from(ffi::cstring_to_text_with_len(value.val.string.val, value.val.string.len)))
             }
             (Shortcut::Integer { min, max }, pg_sys::jbvType::jbvNumeric) => {
                 integer(value.val.numeric).filter(|n| (min..=max).contains(n)).map(pg_sys::Datum::from)
@@ -102,9 +102,8 @@ pub struct DirectUpdate {
     permissions: Permissions,
 }
 
-unsafe fn attribute(rel: pg_sys::Relation, name: &str) -> Option<&pg_sys::FormData_pg_attribute> {
-    let desc = &*(*rel).rd_att;
-    (0..desc.natts as usize).map(|i| &*desc.attrs.as_ptr().add(i)).find(|attr| {
+unsafe fn attribute<'a>(rel: pg_sys::Relation, name: &str) -> Option<&'a pg_sys::FormData_pg_attribute> {
+    attributes(rel).iter().find(|attr| {
         !attr.attisdropped && std::ffi::CStr::from_ptr(attr.attname.data.as_ptr()).to_bytes() == name.as_bytes()
     })
 }
@@ -132,9 +131,17 @@ impl DirectUpdate {
         let mut columns = Vec::with_capacity(changes.len());
         for member in changes {
             let attr = attribute(rel, member.name)?;
+            // GENERATED ALWAYS AS IDENTITY may only be set to DEFAULT: the statement's 428C9.
+            if attr.attidentity as u8 == pg_sys::ATTRIBUTE_IDENTITY_ALWAYS {
+                return None;
+            }
             columns.push(Column { attnum: attr.attnum, input: input(attr, attr.atttypmod, context)? });
         }
         let version_attr = attribute(rel, version)?;
+        // The statement compares the new version before the column's typmod rounds it.
+        if version_attr.atttypmod >= 0 {
+            return None;
+        }
         let order = pg_sys::lookup_type_cache(version_attr.atttypid, pg_sys::TYPECACHE_CMP_PROC_FINFO as i32);
         if (*order).cmp_proc_finfo.fn_oid == pg_sys::InvalidOid {
             return None;
@@ -145,6 +152,10 @@ impl DirectUpdate {
         let (index, positions) = unique_index(rel, &attnums)?;
         let mut keys = Vec::with_capacity(key.len());
         for (member, (attr, &position)) in key_attrs.iter().zip(&positions).enumerate() {
+            // The statement compares with the column's collation; the index may sort by another.
+            if index.collations[position] != attr.attcollation {
+                return None;
+            }
             keys.push(KeyColumn {
                 column: Column { attnum: attr.attnum, input: input(attr, -1, context)? },
                 member,
@@ -174,15 +185,20 @@ impl DirectUpdate {
     /// # Safety
     /// `rel` must be the plan's table, open with RowExclusiveLock; the members must be those
     /// the plan was made for, in the same order.
-    pub unsafe fn run(&self, rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>]) -> bool {
-        self.permissions.check(rel);
-        let snapshot = StatementSnapshot::take();
-        let given_key: Vec<pg_sys::Datum> = self.keys.iter().map(|k| coerce(&k.column.input, &key[k.member].value).0).collect();
-        let new_values: Vec<(pg_sys::Datum, bool)> =
-            self.changes.iter().zip(changes).map(|(c, m)| coerce(&c.input, &m.value)).collect();
+    pub unsafe fn run(&self, rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>]) -> Result<bool, PgError> {
+        // Values first, as a client's literals or parameters become values before the
+        // statement is planned or its privileges checked.
+        let mut given_key = Vec::with_capacity(self.keys.len());
+        let mut new_values = Vec::with_capacity(self.changes.len());
+        catch(|| {
+            given_key.extend(self.keys.iter().map(|k| coerce(&k.column.input, &key[k.member].value).0));
+            new_values.extend(self.changes.iter().zip(changes).map(|(c, m)| coerce(&c.input, &m.value)));
+        })?;
+        self.permissions.check(rel)?;
+        let snapshot = StatementSnapshot::take()?;
         let new_version = new_values[self.version].0;
         let mut scan_keys: Vec<pg_sys::ScanKeyData> = vec![std::mem::zeroed(); self.keys.len()];
-        let (index, old, newer) = guarded(|| {
+        let (index, old, newer) = catch(|| {
             for ((scan_key, k), &given) in scan_keys.iter_mut().zip(&self.keys).zip(&given_key) {
                 ffi::ScanKeyEntryInitializeWithInfo(
                     scan_key,
@@ -199,14 +215,14 @@ impl DirectUpdate {
             let old = ffi::MakeSingleTupleTableSlot((*rel).rd_att, ffi::table_slot_callbacks(rel));
             let newer = find(rel, index, snapshot.get(), &mut scan_keys, old) && self.is_newer(old, new_version);
             (index, old, newer)
-        });
-        let changed = newer && self.write(rel, old, &given_key, &new_values, new_version);
-        guarded(|| {
+        })?;
+        let changed = newer && self.write(rel, old, &given_key, &new_values, new_version)?;
+        catch(|| {
             ffi::ExecDropSingleTupleTableSlot(old);
             ffi::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
-        });
+        })?;
         snapshot.release();
-        changed
+        Ok(changed)
     }
 
     /// Writes the newer version over the row in `old`, following it through concurrent
@@ -218,27 +234,27 @@ impl DirectUpdate {
         given_key: &[pg_sys::Datum],
         new_values: &[(pg_sys::Datum, bool)],
         new_version: pg_sys::Datum,
-    ) -> bool {
-        let target = Target::begin(rel, &self.permissions);
+    ) -> Result<bool, PgError> {
+        let target = Target::begin(rel, &self.permissions)?;
         let new = target.virtual_slot();
         let changed = loop {
-            guarded(|| self.fill(rel, old, new, new_values));
-            match target.update(old, new) {
+            catch(|| self.fill(rel, old, new, new_values))?;
+            match target.update(old, new)? {
                 Update::Updated => break true,
                 Update::Skipped => break false,
                 // The row's newest version: still the row the key names, and still older?
                 Update::Recheck => {
-                    let still_wanted = guarded(|| {
+                    let still_wanted = catch(|| {
                         self.keys.iter().zip(given_key).all(|(k, &given)| key_matches(old, k, given)) && self.is_newer(old, new_version)
-                    });
+                    })?;
                     if !still_wanted {
                         break false;
                     }
                 }
             }
         };
-        target.finish();
-        changed
+        target.finish()?;
+        Ok(changed)
     }
 
     /// The new row in `new`: the old row's values with the changes over them. Unguarded.
@@ -256,9 +272,9 @@ impl DirectUpdate {
         let (values, nulls) = ((*new).tts_values, (*new).tts_isnull);
         ptr::copy_nonoverlapping((*old).tts_values, values, natts);
         ptr::copy_nonoverlapping((*old).tts_isnull, nulls, natts);
-        for i in 0..natts {
+        for (i, attr) in attributes(rel).iter().enumerate() {
             // A dropped column's old bits are not carried into the new row.
-            if (*(*desc).attrs.as_ptr().add(i)).attisdropped {
+            if attr.attisdropped {
                 *nulls.add(i) = true;
             }
         }
@@ -291,11 +307,12 @@ unsafe fn input(attr: &pg_sys::FormData_pg_attribute, typmod: i32, context: pg_s
     if type_oid == pg_sys::JSONBOID {
         return Some(Input::Jsonb);
     }
-    let base = pg_sys::getBaseType(type_oid);
-    if base == pg_sys::JSONOID
-        || base == pg_sys::JSONBOID
-        || pg_sys::get_element_type(base) != pg_sys::InvalidOid
-        || pg_sys::get_typtype(base) as u8 == pg_sys::TYPTYPE_COMPOSITE
+    // A domain's NOT NULL and CHECKs apply to JSON null too, and its casts and typmods have
+    // not been proven here: domains take the statement.
+    if pg_sys::get_typtype(type_oid) as u8 == pg_sys::TYPTYPE_DOMAIN
+        || type_oid == pg_sys::JSONOID
+        || pg_sys::get_element_type(type_oid) != pg_sys::InvalidOid
+        || pg_sys::get_typtype(type_oid) as u8 == pg_sys::TYPTYPE_COMPOSITE
     {
         return None;
     }
@@ -318,25 +335,25 @@ fn numeric_out() -> *mut pg_sys::FmgrInfo {
     NUMERIC_OUT.with(|f| *f)
 }
 
-/// A member's value in its column's type, and whether it is NULL.
+/// A member's value in its column's type, and whether it is NULL. Unguarded.
 unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, bool) {
     if value.type_ == pg_sys::jbvType::jbvNull {
         return (pg_sys::Datum::from(0), true);
     }
     match input {
-        Input::Jsonb => (pg_sys::Datum::from(pg_sys::JsonbValueToJsonb((value as *const pg_sys::JsonbValue).cast_mut())), false),
+        Input::Jsonb => (pg_sys::Datum::from(ffi::JsonbValueToJsonb((value as *const pg_sys::JsonbValue).cast_mut())), false),
         Input::Text { function, io_param, typmod, shortcut } => {
             if let Some(datum) = shortcut.apply(value) {
                 return (datum, false);
             }
             let text = match value.type_ {
-                pg_sys::jbvType::jbvString => pg_sys::pnstrdup(value.val.string.val, value.val.string.len as usize),
-                pg_sys::jbvType::jbvBool => pg_sys::pstrdup(if value.val.boolean { c"true" } else { c"false" }.as_ptr()),
-                pg_sys::jbvType::jbvNumeric => pg_sys::OutputFunctionCall(numeric_out(), pg_sys::Datum::from(value.val.numeric)),
-                _ => pg_sys::JsonbToCString(ptr::null_mut(), value.val.binary.data, value.val.binary.len),
+                pg_sys::jbvType::jbvString => ffi::pnstrdup(value.val.string.val, value.val.string.len as usize),
+                pg_sys::jbvType::jbvBool => ffi::pnstrdup(if value.val.boolean { c"true" } else { c"false" }.as_ptr(), 5),
+                pg_sys::jbvType::jbvNumeric => ffi::OutputFunctionCall(numeric_out(), pg_sys::Datum::from(value.val.numeric)),
+                _ => ffi::JsonbToCString(ptr::null_mut(), value.val.binary.data, value.val.binary.len),
             };
             let function = (&**function as *const pg_sys::FmgrInfo).cast_mut();
-            (pg_sys::InputFunctionCall(function, text, *io_param, *typmod), false)
+            (ffi::InputFunctionCall(function, text, *io_param, *typmod), false)
         }
     }
 }

@@ -17,11 +17,11 @@ use pgrx::datum::DatumWithOid;
 use pgrx::fcinfo::{pg_getarg, pg_getarg_datum};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::spi::OwnedPreparedStatement;
 
 use crate::error::{finish, required, sqlstate_entry, v1_finfo, IdemError, Result, SqlState};
 use crate::jsonb::{object_members, Member};
-use crate::plans::{execute, prepare, Statement};
+use crate::postgres::spi::{self, execute, prepare, Kept, Statement};
+use crate::postgres::{catch, ffi};
 
 mod direct;
 use direct::DirectUpdate;
@@ -89,7 +89,7 @@ impl Table {
     pub fn load(target: Option<pg_sys::Oid>) -> Result<Table> {
         let oid = required(target, "target")?;
         let (kind, name) = RELATION
-            .run(&[DatumWithOid::from(oid)], |t| t.first().get_two::<String, String>().ok())
+            .run(&[DatumWithOid::from(oid)], |rows| (!rows.is_empty()).then(|| (rows.get::<String>(0, 1), rows.get::<String>(0, 2))))?
             .and_then(|(k, n)| Some((k?, n?)))
             .ok_or_else(|| IdemError::new(SqlState::UndefinedTable, format!("relation with OID {} does not exist", oid.to_u32())))?;
         if kind != "r" && kind != "p" {
@@ -97,17 +97,18 @@ impl Table {
                 .detail("Versioned writes need a table (or a partitioned table) with a unique key, not a view or another relation kind.")
                 .hint("Target the table the view reads from."));
         }
-        let columns = COLUMNS.run(&[DatumWithOid::from(oid)], |t| {
-            t.filter_map(|row| {
-                let column = Column {
-                    type_oid: row.get::<pg_sys::Oid>(2).ok()??,
-                    type_name: row.get::<String>(3).ok()??,
-                    conversion: row.get::<String>(4).ok()??,
-                };
-                Some((row.get::<String>(1).ok()??, column))
-            })
-            .collect()
-        });
+        let columns = COLUMNS.run(&[DatumWithOid::from(oid)], |rows| {
+            (0..rows.len())
+                .filter_map(|i| {
+                    let column = Column {
+                        type_oid: rows.get::<pg_sys::Oid>(i, 2)?,
+                        type_name: rows.get::<String>(i, 3)?,
+                        conversion: rows.get::<String>(i, 4)?,
+                    };
+                    Some((rows.get::<String>(i, 1)?, column))
+                })
+                .collect()
+        })?;
         Ok(Table { oid, name, columns })
     }
 
@@ -143,10 +144,10 @@ impl Table {
         })
     }
 
-    fn unique_keys(&self) -> Vec<(bool, Vec<String>)> {
-        UNIQUE_KEYS.run(&[DatumWithOid::from(self.oid)], |t| {
-            t.filter_map(|row| Some((row.get::<bool>(1).ok()??, row.get::<Vec<String>>(2).ok()??))).collect()
-        })
+    fn unique_keys(&self) -> Result<Vec<(bool, Vec<String>)>> {
+        Ok(UNIQUE_KEYS.run(&[DatumWithOid::from(self.oid)], |rows| {
+            (0..rows.len()).filter_map(|i| Some((rows.get::<bool>(i, 1)?, rows.get::<Vec<String>>(i, 2)?))).collect()
+        })?)
     }
 
     /// The "newer than" operator of the version column, qualified by its own schema.
@@ -176,7 +177,7 @@ impl Table {
                 format!("{role} column \"{column}\" of {} has a type without {missing}", self.name),
             ));
         }
-        Ok(operator_name(oid))
+        operator_name(oid)
     }
 }
 
@@ -186,10 +187,10 @@ enum Operator {
     Equal,
 }
 
-fn operator_name(oid: pg_sys::Oid) -> String {
-    OPERATOR_NAME
-        .run(&[DatumWithOid::from(oid)], |t| t.first().get_one::<String>().ok().flatten())
-        .expect("an operator from the type cache exists")
+fn operator_name(oid: pg_sys::Oid) -> Result<String> {
+    Ok(OPERATOR_NAME
+        .run(&[DatumWithOid::from(oid)], |rows| rows.get::<String>(0, 1))?
+        .expect("an operator from the type cache exists"))
 }
 
 pub fn quote_ident(name: &str) -> String {
@@ -209,7 +210,7 @@ fn quote_literal(text: &str) -> String {
 /// How a write of one shape is carried out.
 enum Plan {
     /// The generated statement, run through SPI.
-    Statement(OwnedPreparedStatement),
+    Statement(Kept),
     /// The same write without SPI, for a plain table (see [`direct`]).
     Direct(DirectUpdate),
 }
@@ -247,10 +248,11 @@ fn cached_plan(table: pg_sys::Oid, signature: String, build: impl FnOnce() -> Re
 }
 
 /// Runs a plan's statement with its jsonb arguments; true when a row was written.
-fn run_statement(plan: &Plan, args: &[pg_sys::Datum]) -> bool {
+fn run_statement(plan: &Plan, args: &[pg_sys::Datum]) -> Result<bool> {
     let Plan::Statement(statement) = plan else { unreachable!("a direct plan is run by its caller") };
+    // SAFETY: the datums are the caller's jsonb arguments, alive for the call.
     let args: Vec<DatumWithOid<'static>> = args.iter().map(|&d| unsafe { DatumWithOid::new(d, pg_sys::JSONBOID) }).collect();
-    execute(statement, &args, |t| !t.is_empty())
+    Ok(execute(statement, &args, |rows| !rows.is_empty())?)
 }
 
 fn signature(operation: &str, version: &str, sets: &[&[Member<'_>]]) -> String {
@@ -315,9 +317,10 @@ fn versioned_update(
     let table_oid = required(target, "target")?;
     // Locked before the plan is looked up, so that a concurrent ALTER TABLE's invalidation
     // has dropped a stale plan by then.
-    let rel = unsafe { pg_sys::try_relation_open(table_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
-    // A plan made while direct writes were off is a statement: the setting is in its name.
-    let operation = if crate::direct::DIRECT_WRITES.get() { "update" } else { "update by statement" };
+    // SAFETY: closed below, or by an error's abort.
+    let rel = unsafe { catch(|| ffi::try_relation_open(table_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE))? };
+    // A plan made while direct writes were not allowed is a statement: that is in its name.
+    let operation = if crate::postgres::write::direct_allowed() { "update" } else { "update by statement" };
     let plan = cached_plan(table_oid, signature(operation, version, &[&key_members, &change_members]), || {
         let table = Table::load(target)?;
         let newer = table.version_order(version)?;
@@ -329,7 +332,7 @@ fn versioned_update(
         }
         let mut wanted: Vec<&str> = key_members.iter().map(|m| m.name).collect();
         wanted.sort_unstable();
-        let unique = table.unique_keys().into_iter().any(|(_, mut cols)| {
+        let unique = table.unique_keys()?.into_iter().any(|(_, mut cols)| {
             cols.sort();
             cols.iter().map(String::as_str).eq(wanted.iter().copied())
         });
@@ -359,11 +362,13 @@ fn versioned_update(
             matches = matches.join(" AND "),
             new_version = table.value_of("$2", version)?,
         );
-        Ok(Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])))
+        Ok(Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])?))
     })?;
     let changed = match &*plan {
-        Plan::Direct(direct) => unsafe { direct.run(rel, &key_members, &change_members) },
-        statement => run_statement(statement, &[key, changes]),
+        // SAFETY: rel is the plan's table, open with RowExclusiveLock, and the members are
+        // the ones the plan's signature names, in the same order.
+        Plan::Direct(direct) => unsafe { direct.run(rel, &key_members, &change_members)? },
+        statement => run_statement(statement, &[key, changes])?,
     };
     unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
     Ok(changed)
@@ -377,7 +382,7 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
     let plan = cached_plan(table_oid, signature("upsert", version, &[&members]), || {
         let table = Table::load(target)?;
         let newer = table.version_order(version)?;
-        let primary = table.unique_keys().into_iter().find(|(primary, _)| *primary).map(|(_, cols)| cols);
+        let primary = table.unique_keys()?.into_iter().find(|(primary, _)| *primary).map(|(_, cols)| cols);
         let Some(primary) = primary else {
             return Err(IdemError::new(SqlState::InvalidColumnReference, format!("{} has no primary key", table.name))
                 .hint("idem_versioned_upsert finds the row by its primary key."));
@@ -408,9 +413,9 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
             conflict = primary.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "),
             set = set.join(", "),
         );
-        Ok(Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID])))
+        Ok(Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID])?))
     })?;
-    Ok(run_statement(&plan, &[row]))
+    run_statement(&plan, &[row])
 }
 
 /// Installs (or replaces) the guard trigger after checking that the column can be ordered.
@@ -418,13 +423,12 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
     let version = required(version, "version_column")?;
     let table = Table::load(target)?;
     table.version_order(version)?;
-    Spi::run(&format!(
+    spi::run_once(&format!(
         "CREATE OR REPLACE TRIGGER idem_version_guard BEFORE UPDATE ON {} \
          FOR EACH ROW EXECUTE FUNCTION idempotency.version_guard({})",
         table.name,
         quote_literal(version)
-    ))
-    .unwrap_or_else(|e| panic!("could not create the version guard: {e}"));
+    ))?;
     Ok(())
 }
 
@@ -521,8 +525,8 @@ mod tests {
         Spi::run("CREATE TABLE t (id int PRIMARY KEY, version int); CREATE VIEW v AS SELECT * FROM t").unwrap();
         let view = Spi::get_one::<pg_sys::Oid>("SELECT 'v'::regclass::oid").unwrap();
         let error = Table::load(view).err().expect("a view is refused");
-        assert_eq!(error.state, SqlState::WrongObjectType);
+        assert_eq!(error.state(), Some(SqlState::WrongObjectType));
         let table = Table::load(Spi::get_one::<pg_sys::Oid>("SELECT 't'::regclass::oid").unwrap()).unwrap();
-        assert_eq!(table.column("nope").unwrap_err().state, SqlState::UndefinedColumn);
+        assert_eq!(table.column("nope").unwrap_err().state(), Some(SqlState::UndefinedColumn));
     }
 }

@@ -1,26 +1,15 @@
-//! PostgreSQL functions called without pgrx's per-call error guard, for the direct writes'
-//! hot path (see [`crate::direct`]).
-//!
-//! pgrx wraps every `pg_sys` function in a guard, a sigsetjmp that turns an ERROR into a Rust
-//! panic so that Rust frames unwind. A direct versioned update makes some forty such calls,
-//! and at about eighty instructions each the guards cost more than all of its own Rust code.
-//! So each step of a write runs its calls inside one guard, [`guarded`], through the
-//! declarations below. Inside a step nothing may own a destructor and nothing may panic: an
-//! ERROR longjmps straight to the step's guard, skipping the step's frames.
+//! PostgreSQL functions declared without pgrx's per-call error guard, to be called inside
+//! [`super::catch`], which keeps an error whole where pgrx's guard would keep only part of it.
+//! One guard per step instead of one per call is also cheaper: a direct versioned update
+//! makes some forty calls, and at about eighty instructions each the guards cost more than
+//! all of its own Rust code.
 //!
 //! Every declaration is checked at compile time against pgrx's binding of the same function,
-//! so a signature cannot drift from the headers pgrx was generated from.
+//! so a signature cannot drift from the headers pgrx was generated from. PostgreSQL's inline
+//! functions are reached through pgrx's C shim (`*__pgrx_cshim`), which ties this list to
+//! pgrx `=0.18.1`: a renamed shim fails at load time, in the first test that runs.
 
 use pgrx::pg_sys;
-
-/// Runs one step of a write under a single error guard.
-///
-/// # Safety
-/// `step` must hold no value with a destructor and must not panic (see the module docs).
-#[inline]
-pub unsafe fn guarded<T>(step: impl FnOnce() -> T) -> T {
-    pg_sys::ffi::pg_guard_ffi_boundary(step)
-}
 
 macro_rules! unguarded {
     ($($(#[link_name = $link:literal])? fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
@@ -92,4 +81,58 @@ unguarded! {
     fn table_tuple_complete_speculative(rel: Relation, slot: *mut TupleTableSlot, specToken: uint32, succeeded: bool);
 
     fn FunctionCall2Coll(flinfo: *mut FmgrInfo, collation: Oid, arg1: Datum, arg2: Datum) -> Datum;
+    fn InputFunctionCall(flinfo: *mut FmgrInfo, str_: *mut ::core::ffi::c_char, typioparam: Oid, typmod: int32) -> Datum;
+    fn OutputFunctionCall(flinfo: *mut FmgrInfo, val: Datum) -> *mut ::core::ffi::c_char;
+    fn JsonbValueToJsonb(val: *mut JsonbValue) -> *mut Jsonb;
+    fn JsonbToCString(out: StringInfo, in_: *mut JsonbContainer, estimated_len: ::core::ffi::c_int) -> *mut ::core::ffi::c_char;
+    fn cstring_to_text_with_len(s: *const ::core::ffi::c_char, len: ::core::ffi::c_int) -> *mut text;
+    fn pnstrdup(in_: *const ::core::ffi::c_char, len: Size) -> *mut ::core::ffi::c_char;
+
+    #[link_name = "table_tuple_fetch_row_version__pgrx_cshim"]
+    fn table_tuple_fetch_row_version(rel: Relation, tid: ItemPointer, snapshot: Snapshot, slot: *mut TupleTableSlot) -> bool;
+    #[link_name = "table_tuple_satisfies_snapshot__pgrx_cshim"]
+    fn table_tuple_satisfies_snapshot(rel: Relation, slot: *mut TupleTableSlot, snapshot: Snapshot) -> bool;
+    #[link_name = "slot_getsysattr__pgrx_cshim"]
+    fn slot_getsysattr(slot: *mut TupleTableSlot, attnum: ::core::ffi::c_int, isnull: *mut bool) -> Datum;
+
+    fn ExecCheckRTPerms(rangeTable: *mut List, ereport_on_violation: bool) -> bool;
+    fn PreventCommandIfReadOnly(cmdname: *const ::core::ffi::c_char);
+    fn try_relation_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
+    fn relation_close(relation: Relation, lockmode: LOCKMODE);
+    fn pg_namespace_aclcheck(nsp_oid: Oid, roleid: Oid, mode: AclMode) -> AclResult::Type;
+    fn aclcheck_error(aclerr: AclResult::Type, objtype: ObjectType::Type, objectname: *const ::core::ffi::c_char);
+    fn GetUserId() -> Oid;
+    fn get_namespace_oid(nspname: *const ::core::ffi::c_char, missing_ok: bool) -> Oid;
+    fn get_relname_relid(relname: *const ::core::ffi::c_char, relnamespace: Oid) -> Oid;
+    fn ProcessInterrupts();
+    #[link_name = "table_tuple_lock__pgrx_cshim"]
+    fn table_tuple_lock(rel: Relation, tid: ItemPointer, snapshot: Snapshot, slot: *mut TupleTableSlot, cid: CommandId, mode: LockTupleMode::Type, wait_policy: LockWaitPolicy::Type, flags: uint8, tmfd: *mut TM_FailureData) -> TM_Result::Type;
+
+    fn SPI_connect() -> ::core::ffi::c_int;
+    fn SPI_finish() -> ::core::ffi::c_int;
+    fn SPI_prepare(src: *const ::core::ffi::c_char, nargs: ::core::ffi::c_int, argtypes: *mut Oid) -> SPIPlanPtr;
+    fn SPI_keepplan(plan: SPIPlanPtr) -> ::core::ffi::c_int;
+    fn SPI_freeplan(plan: SPIPlanPtr) -> ::core::ffi::c_int;
+    fn SPI_execute(src: *const ::core::ffi::c_char, read_only: bool, tcount: ::core::ffi::c_long) -> ::core::ffi::c_int;
+    fn SPI_execute_plan(plan: SPIPlanPtr, Values: *mut Datum, Nulls: *const ::core::ffi::c_char, read_only: bool, tcount: ::core::ffi::c_long) -> ::core::ffi::c_int;
+
+    fn CopyErrorData() -> *mut ErrorData;
+    fn FlushErrorState();
+}
+
+unsafe extern "C-unwind" {
+    /// Not checked against pgrx's binding, whose `-> !` a function pointer type cannot spell.
+    pub fn ReThrowError(edata: *mut pg_sys::ErrorData) -> !;
+}
+
+/// CHECK_FOR_INTERRUPTS(): a pending cancel or timeout is raised here, inside the caller's
+/// [`super::catch`].
+///
+/// # Safety
+/// As for any call that can raise: inside a catch, holding nothing with a destructor.
+#[inline]
+pub unsafe fn check_for_interrupts() {
+    if pg_sys::InterruptPending != 0 {
+        ProcessInterrupts();
+    }
 }

@@ -5,22 +5,28 @@
 //! (nodeModifyTable.c: ExecInsert's speculative insertion, ExecUpdate's concurrent-update
 //! recheck), with the same permission checks and the same errors.
 //!
-//! Only a plain table qualifies: [`is_plain`] sends anything with triggers (foreign keys
+//! Only what the differential tester (tests/differential) proves indistinguishable from the
+//! statement goes this way. [`is_plain`] sends anything with triggers (foreign keys
 //! included), rules, row-level security, generated columns, partitions or inheritance
-//! children to the caller's SPI statement, which lets the full executor honour them.
+//! children to the caller's SPI statement, which lets the full executor honour them; so does
+//! [`direct_allowed`] while a setting asks the executor's hooks to see nested statements.
 //!
-//! Error handling: a PostgreSQL error raised in here aborts the transaction, and the abort
-//! releases everything a [`Target`] holds (memory, relation and buffer references, the
-//! snapshot, locks), so only the success path cleans up, in [`Target::finish`]. The steps a
-//! write takes for every row run under one error guard each (see [`crate::unguarded`]).
+//! Error handling: every step runs inside [`catch`], so an error keeps all its fields. A
+//! PostgreSQL error aborts the transaction, and the abort releases everything a [`Target`]
+//! holds (memory, relation and buffer references, the snapshot, locks), so only the success
+//! path cleans up, in [`Target::finish`].
 
+use std::ffi::CStr;
 use std::ptr;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
-use crate::unguarded::{self as ffi, guarded};
+use super::{catch, ffi, PgError};
+use crate::error::{IdemError, SqlState};
+
+type Result<T> = std::result::Result<T, PgError>;
 
 /// `idempotency.direct_writes`: off sends every write through its SPI statement. The two
 /// ways give the same results (the test suite runs both); the switch is for measuring the
@@ -38,13 +44,41 @@ pub fn define_settings() {
     );
 }
 
-/// Whether a write to `rel` may bypass the executor: direct writes are on, and it is a table
-/// with nothing attached that only the executor applies.
+/// Whether writes may skip the executor at all. A direct write never runs ExecutorStart or
+/// ExecutorEnd, so the extensions that hook those to record nested statements would not see
+/// it: while pg_stat_statements tracks all statements, or auto_explain logs nested ones, the
+/// statement path runs instead. pgaudit needs nothing: its permission-check hook runs on
+/// both paths. The rule reads settings, not whether a hook is set, because pgaudit and
+/// pg_stat_statements set their hooks whenever they are loaded.
+pub fn direct_allowed() -> bool {
+    DIRECT_WRITES.get() && !setting_is(c"pg_stat_statements.track", c"all") && !auto_explain_logs_nested()
+}
+
+fn auto_explain_logs_nested() -> bool {
+    setting_is(c"auto_explain.log_nested_statements", c"on")
+        && setting(c"auto_explain.log_min_duration").is_some_and(|v| !v.to_bytes().starts_with(b"-"))
+}
+
+fn setting(name: &CStr) -> Option<&'static CStr> {
+    // SAFETY: GetConfigOption with missing_ok returns NULL for an unknown setting, or a string
+    // that stays valid until the setting changes, which nothing between here and the use does.
+    unsafe {
+        let value = pg_sys::GetConfigOption(name.as_ptr(), true, false);
+        (!value.is_null()).then(|| CStr::from_ptr(value))
+    }
+}
+
+fn setting_is(name: &CStr, wanted: &CStr) -> bool {
+    setting(name) == Some(wanted)
+}
+
+/// Whether a write to `rel` may bypass the executor: direct writes are allowed, and it is a
+/// table with nothing attached that only the executor applies.
 ///
 /// # Safety
 /// `rel` must be an open relation.
 pub unsafe fn is_plain(rel: pg_sys::Relation) -> bool {
-    if !DIRECT_WRITES.get() {
+    if !direct_allowed() {
         return false;
     }
     let class = &*(*rel).rd_rel;
@@ -57,6 +91,69 @@ pub unsafe fn is_plain(rel: pg_sys::Relation) -> bool {
         && (*rel).trigdesc.is_null()
         && (*rel).rd_rules.is_null()
         && (constr.is_null() || !(*constr).has_generated_stored)
+}
+
+/// The columns of `rel`, dropped ones included, in attnum order.
+///
+/// # Safety
+/// `rel` must be open; the attributes live as long as its relcache entry.
+pub unsafe fn attributes<'a>(rel: pg_sys::Relation) -> &'a [pg_sys::FormData_pg_attribute] {
+    let desc = &*(*rel).rd_att;
+    desc.attrs.as_slice(desc.natts as usize)
+}
+
+/// Opens `schema`.`name`, a table the extension owns, with RowExclusiveLock once the caller
+/// may use the schema: the checks that resolving the qualified name in SQL would make.
+/// `cached` keeps the OIDs between calls; they are checked against the opened relation every
+/// time, since the extension may have been dropped and created again meanwhile.
+///
+/// # Safety
+/// Holds nothing across the calls that can raise; the caller closes the relation.
+pub unsafe fn open_owned(
+    schema_name: &CStr,
+    name: &CStr,
+    cached: &std::cell::Cell<(pg_sys::Oid, pg_sys::Oid)>,
+) -> std::result::Result<pg_sys::Relation, PgError> {
+    let lock = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+    catch(|| {
+        let (mut schema, mut oid) = cached.get();
+        if schema == pg_sys::InvalidOid {
+            (schema, oid) = find_owned(schema_name, name);
+            cached.set((schema, oid));
+        }
+        loop {
+            let usage = ffi::pg_namespace_aclcheck(schema, ffi::GetUserId(), pg_sys::ACL_USAGE as pg_sys::AclMode);
+            if usage != pg_sys::AclResult::ACLCHECK_OK {
+                ffi::aclcheck_error(usage, pg_sys::ObjectType::OBJECT_SCHEMA, schema_name.as_ptr());
+            }
+            let rel = ffi::try_relation_open(oid, lock);
+            if !rel.is_null()
+                && (*(*rel).rd_rel).relnamespace == schema
+                && CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr()) == name
+            {
+                return rel;
+            }
+            if !rel.is_null() {
+                ffi::relation_close(rel, lock);
+            }
+            (schema, oid) = find_owned(schema_name, name);
+            cached.set((schema, oid));
+        }
+    })
+}
+
+/// Unguarded: raises 3F000 or 42P01 as resolving the name in SQL would.
+unsafe fn find_owned(schema_name: &CStr, name: &CStr) -> (pg_sys::Oid, pg_sys::Oid) {
+    let schema = ffi::get_namespace_oid(schema_name.as_ptr(), false);
+    let oid = ffi::get_relname_relid(name.as_ptr(), schema);
+    if oid == pg_sys::InvalidOid {
+        let (schema_name, name) = (schema_name.to_string_lossy(), name.to_string_lossy());
+        crate::error::raise(
+            IdemError::new(SqlState::UndefinedTable, format!("relation \"{schema_name}.{name}\" does not exist"))
+                .hint("The extension's own table was dropped: drop and create the extension again."),
+        );
+    }
+    (schema, oid)
 }
 
 /// The privileges a write needs, by column, as the executor checks them for the statement
@@ -101,11 +198,13 @@ impl Permissions {
     ///
     /// # Safety
     /// `rel` must be the open relation these permissions are for.
-    pub unsafe fn check(&self, rel: pg_sys::Relation) {
-        if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
-            pg_sys::PreventCommandIfReadOnly(if self.updates { c"UPDATE" } else { c"INSERT" }.as_ptr());
-        }
-        pg_sys::ExecCheckRTPerms(self.range_table, true);
+    pub unsafe fn check(&self, rel: pg_sys::Relation) -> Result<()> {
+        catch(|| {
+            if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
+                ffi::PreventCommandIfReadOnly(if self.updates { c"UPDATE" } else { c"INSERT" }.as_ptr());
+            }
+            ffi::ExecCheckRTPerms(self.range_table, true);
+        })
     }
 }
 
@@ -136,11 +235,13 @@ pub enum Update {
 
 fn bitmap(attnums: &[i16]) -> *mut pg_sys::Bitmapset {
     attnums.iter().fold(ptr::null_mut(), |set, &attnum| unsafe {
+        // SAFETY: bms_add_member allocates in the current context and raises only on OOM.
         pg_sys::bms_add_member(set, i32::from(attnum) - pg_sys::FirstLowInvalidHeapAttributeNumber)
     })
 }
 
 fn uses_transaction_snapshot() -> bool {
+    // SAFETY: reads a backend-local setting.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
 }
 
@@ -158,9 +259,10 @@ fn serialization_failure(what: &str) -> ! {
 pub struct StatementSnapshot(pg_sys::Snapshot);
 
 impl StatementSnapshot {
-    pub fn take() -> StatementSnapshot {
+    pub fn take() -> Result<StatementSnapshot> {
+        // SAFETY: pushes a snapshot that release() pops; an error's abort pops it too.
         unsafe {
-            guarded(|| {
+            catch(|| {
                 ffi::PushActiveSnapshot(ffi::GetTransactionSnapshot());
                 ffi::CommandCounterIncrement();
                 ffi::UpdateActiveSnapshotCommandId();
@@ -174,12 +276,13 @@ impl StatementSnapshot {
     }
 
     pub fn release(self) {
+        // SAFETY: the snapshot take() pushed is still the active one.
         unsafe { pg_sys::PopActiveSnapshot() };
     }
 }
 
 /// Finds the row of `rel` whose columns of `index` (a unique index) equal `keys`, as
-/// `snapshot` sees it, and loads it into `slot`. Unguarded: call it inside a guarded step.
+/// `snapshot` sees it, and loads it into `slot`. Unguarded: call it inside a catch.
 ///
 /// # Safety
 /// `keys` must be initialised scan keys for the index's columns; `slot` a slot of the table.
@@ -204,10 +307,10 @@ impl Target {
     ///
     /// # Safety
     /// `rel` must stay open until [`Target::finish`].
-    pub unsafe fn begin(rel: pg_sys::Relation, permissions: &Permissions) -> Target {
+    pub unsafe fn begin(rel: pg_sys::Relation, permissions: &Permissions) -> Result<Target> {
         let updates = permissions.updates;
         let operation = if updates { pg_sys::CmdType::CMD_UPDATE } else { pg_sys::CmdType::CMD_INSERT };
-        guarded(|| {
+        catch(|| {
             let estate = ffi::CreateExecutorState();
             let caller_context = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
             ffi::ExecInitRangeTable(estate, permissions.range_table);
@@ -227,47 +330,74 @@ impl Target {
 
     /// A slot of the table's own kind, freed with the target.
     pub fn table_slot(&self) -> *mut pg_sys::TupleTableSlot {
+        // SAFETY: the estate lives until finish(); allocation raises only on OOM.
         unsafe { pg_sys::ExecInitExtraTupleSlot(self.estate, (*self.rel).rd_att, pg_sys::table_slot_callbacks(self.rel)) }
     }
 
     /// A slot for building a row value by value, freed with the target.
     pub fn virtual_slot(&self) -> *mut pg_sys::TupleTableSlot {
+        // SAFETY: as for table_slot.
         unsafe { pg_sys::ExecInitExtraTupleSlot(self.estate, (*self.rel).rd_att, &pg_sys::TTSOpsVirtual) }
+    }
+
+    /// The unique indexes `INSERT … ON CONFLICT (columns)` would take as its arbiters, as the
+    /// planner infers them (infer_arbiter_indexes): valid unique indexes whose key columns
+    /// are exactly `columns`, with no expression and no predicate. None when there is none,
+    /// where the statement raises 42P10. Only for a target begun for inserting.
+    pub fn arbiters(&self, columns: &[i16]) -> Option<*mut pg_sys::List> {
+        let wanted = |attnum: i16| columns.contains(&attnum);
+        // SAFETY: ExecOpenIndices filled these arrays with ri_NumIndices open indexes.
+        unsafe {
+            let rri = &*self.rri;
+            let mut arbiters = ptr::null_mut();
+            for i in 0..rri.ri_NumIndices as usize {
+                let index = *rri.ri_IndexRelationDescs.add(i);
+                let info = &**rri.ri_IndexRelationInfo.add(i);
+                let form = &*(*index).rd_index;
+                let keys = &info.ii_IndexAttrNumbers[..info.ii_NumIndexKeyAttrs as usize];
+                if form.indisvalid
+                    && form.indisunique
+                    && info.ii_Expressions.is_null()
+                    && info.ii_Predicate.is_null()
+                    && keys.iter().all(|&k| wanted(k))
+                    && columns.iter().all(|c| keys.contains(c))
+                {
+                    arbiters = pg_sys::lappend_oid(arbiters, form.indexrelid);
+                }
+            }
+            (!arbiters.is_null()).then_some(arbiters)
+        }
     }
 
     /// ExecInsert's ON CONFLICT DO NOTHING for the row in `slot`: a pre-check that waits for
     /// any in-progress inserter of the same key, then a speculative insertion that backs out
-    /// and starts over if another one got in first. `arbiter` is the unique index that
-    /// decides; a conflict in another unique index is an error, as in SQL.
-    ///
-    /// The pre-check is only an optimisation (nodeModifyTable.c calls it non-conclusive):
-    /// the speculative insertion alone decides. Without `precheck` the first attempt skips
-    /// it, which saves an index descent when the key is new and costs a backed-out insertion
-    /// (a dead tuple and index entry) when it is not.
+    /// and starts over if another one got in first. `arbiters` ([`Target::arbiters`]) decide;
+    /// a conflict in another unique index is an error, as in SQL.
     ///
     /// # Safety
     /// `slot` must hold a virtual tuple of the table's row type; `scratch` is a table slot.
     pub unsafe fn insert_unless_present(
         &self,
         slot: *mut pg_sys::TupleTableSlot,
-        arbiter: pg_sys::Oid,
+        arbiters: *mut pg_sys::List,
         scratch: *mut pg_sys::TupleTableSlot,
-        mut precheck: bool,
-    ) -> Insert {
+    ) -> Result<Insert> {
         // The index and heap code allocate as they go; each row's share lives in the
         // per-tuple context, emptied when the row is done, so a batch runs in constant memory.
-        let (caller, arbiters) = guarded(|| {
+        let caller = catch(|| {
             let caller = pg_sys::MemoryContextSwitchTo((*ffi::MakePerTupleExprContext(self.estate)).ecxt_per_tuple_memory);
+            // ExecInsert names the table before the constraints run: a CHECK may read tableoid.
+            (*slot).tts_tableOid = (*self.rel).rd_id;
             if !(*(*self.rel).rd_att).constr.is_null() {
                 ffi::ExecConstraints(self.rri, slot, self.estate);
             }
-            (caller, pg_sys::lappend_oid(ptr::null_mut(), arbiter))
-        });
+            caller
+        })?;
         let outcome = loop {
-            pgrx::check_for_interrupts!();
-            let attempt = guarded(|| {
+            let attempt = catch(|| {
+                ffi::check_for_interrupts();
                 let mut conflict = pg_sys::ItemPointerData::default();
-                if precheck && !ffi::ExecCheckIndexConstraints(self.rri, slot, self.estate, &mut conflict, arbiters) {
+                if !ffi::ExecCheckIndexConstraints(self.rri, slot, self.estate, &mut conflict, arbiters) {
                     return Err(conflict);
                 }
                 let xid = ffi::GetCurrentTransactionId();
@@ -278,38 +408,44 @@ impl Target {
                 ffi::table_tuple_complete_speculative(self.rel, slot, token, !lost_race);
                 ffi::SpeculativeInsertionLockRelease(xid);
                 Ok(!lost_race)
-            });
+            })?;
             match attempt {
                 Err(mut conflict) => {
-                    self.check_conflict_visible(&mut conflict, scratch);
+                    self.check_conflict_visible(&mut conflict, scratch)?;
                     break Insert::Conflict;
                 }
                 Ok(true) => break Insert::Inserted,
-                Ok(false) => precheck = true,
+                Ok(false) => {}
             }
         };
-        guarded(|| ffi::MemoryContextReset(pg_sys::MemoryContextSwitchTo(caller)));
-        outcome
+        catch(|| ffi::MemoryContextReset(pg_sys::MemoryContextSwitchTo(caller)))?;
+        Ok(outcome)
     }
 
     /// ExecCheckTIDVisible: under REPEATABLE READ and SERIALIZABLE a conflict with a row the
     /// transaction's snapshot cannot see is a serialization failure, not a duplicate.
-    unsafe fn check_conflict_visible(&self, tid: &mut pg_sys::ItemPointerData, scratch: *mut pg_sys::TupleTableSlot) {
+    unsafe fn check_conflict_visible(&self, tid: &mut pg_sys::ItemPointerData, scratch: *mut pg_sys::TupleTableSlot) -> Result<()> {
         if !uses_transaction_snapshot() {
-            return;
+            return Ok(());
         }
-        if !pg_sys::table_tuple_fetch_row_version(self.rel, tid, &raw mut pg_sys::SnapshotAnyData, scratch) {
-            error!("idempotency: the conflicting row vanished");
-        }
-        if !pg_sys::table_tuple_satisfies_snapshot(self.rel, scratch, (*self.estate).es_snapshot) {
-            let mut isnull = false;
-            let xmin = pg_sys::slot_getsysattr(scratch, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
-            // Our own transaction's rows are duplicates even when this command cannot see them.
-            if !pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin.value() as u32)) {
-                serialization_failure("update");
+        let visible = catch(|| {
+            if !ffi::table_tuple_fetch_row_version(self.rel, tid, &raw mut pg_sys::SnapshotAnyData, scratch) {
+                return None;
             }
+            let visible = ffi::table_tuple_satisfies_snapshot(self.rel, scratch, (*self.estate).es_snapshot) || {
+                // Our own transaction's rows are duplicates even when this command cannot see them.
+                let mut isnull = false;
+                let xmin = ffi::slot_getsysattr(scratch, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
+                pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin.value() as u32))
+            };
+            ffi::ExecClearTuple(scratch);
+            Some(visible)
+        })?;
+        match visible {
+            None => error!("failed to fetch conflicting tuple for ON CONFLICT"),
+            Some(false) => serialization_failure("update"),
+            Some(true) => Ok(()),
         }
-        pg_sys::ExecClearTuple(scratch);
     }
 
     /// ExecUpdate for the row in `old` with the new values in `new`: constraints, the heap
@@ -317,14 +453,14 @@ impl Target {
     /// version locked into `old` for the caller to judge again, as EvalPlanQual would.
     ///
     /// # Safety
-    /// `old` must hold the row found by [`Target::find`] (or a recheck); `new` a virtual
-    /// tuple of the table's row type.
-    pub unsafe fn update(&self, old: *mut pg_sys::TupleTableSlot, new: *mut pg_sys::TupleTableSlot) -> Update {
+    /// `old` must hold the row found by [`find`] (or a recheck); `new` a virtual tuple of the
+    /// table's row type.
+    pub unsafe fn update(&self, old: *mut pg_sys::TupleTableSlot, new: *mut pg_sys::TupleTableSlot) -> Result<Update> {
         let estate = self.estate;
         let mut tid = (*old).tts_tid;
         let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
         let mut lock_mode = pg_sys::LockTupleMode::LockTupleExclusive;
-        let result = guarded(|| {
+        let result = catch(|| {
             (*new).tts_tableOid = (*self.rel).rd_id;
             ffi::ExecMaterializeSlot(new);
             if !(*(*self.rel).rd_att).constr.is_null() {
@@ -355,59 +491,64 @@ impl Target {
                 }
             }
             result
-        });
+        })?;
         match result {
-            pg_sys::TM_Result::TM_Ok => Update::Updated,
+            pg_sys::TM_Result::TM_Ok => Ok(Update::Updated),
             pg_sys::TM_Result::TM_SelfModified => self.modified_by_self(&failure),
             pg_sys::TM_Result::TM_Updated => {
                 if uses_transaction_snapshot() {
                     serialization_failure("update");
                 }
-                let locked = pg_sys::table_tuple_lock(
-                    self.rel,
-                    &mut tid,
-                    (*estate).es_snapshot,
-                    old,
-                    (*estate).es_output_cid,
-                    lock_mode,
-                    pg_sys::LockWaitPolicy::LockWaitBlock,
-                    pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8,
-                    &mut failure,
-                );
+                let locked = catch(|| {
+                    ffi::table_tuple_lock(
+                        self.rel,
+                        &mut tid,
+                        (*estate).es_snapshot,
+                        old,
+                        (*estate).es_output_cid,
+                        lock_mode,
+                        pg_sys::LockWaitPolicy::LockWaitBlock,
+                        pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8,
+                        &mut failure,
+                    )
+                })?;
                 match locked {
-                    pg_sys::TM_Result::TM_Ok => Update::Recheck,
-                    pg_sys::TM_Result::TM_Deleted => Update::Skipped,
+                    pg_sys::TM_Result::TM_Ok => Ok(Update::Recheck),
+                    pg_sys::TM_Result::TM_Deleted => Ok(Update::Skipped),
                     pg_sys::TM_Result::TM_SelfModified => self.modified_by_self(&failure),
-                    other => error!("idempotency: unexpected table_tuple_lock status {other}"),
+                    other => error!("unexpected table_tuple_lock status: {other}"),
                 }
             }
             pg_sys::TM_Result::TM_Deleted => {
                 if uses_transaction_snapshot() {
                     serialization_failure("delete");
                 }
-                Update::Skipped
+                Ok(Update::Skipped)
             }
-            other => error!("idempotency: unexpected table_tuple_update status {other}"),
+            other => error!("unrecognized table_tuple_update status: {other}"),
         }
     }
 
     /// The row was changed earlier in this transaction after our snapshot's command: by this
     /// very command it is simply done; by anything else it is the executor's error.
-    unsafe fn modified_by_self(&self, failure: &pg_sys::TM_FailureData) -> Update {
+    unsafe fn modified_by_self(&self, failure: &pg_sys::TM_FailureData) -> Result<Update> {
         if failure.cmax != (*self.estate).es_output_cid {
-            ereport!(
-                ERROR,
+            pg_sys::panic::ErrorReport::new(
                 PgSqlErrorCode::ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION,
-                "tuple to be updated was already modified by an operation triggered by the current command"
-            );
+                "tuple to be updated was already modified by an operation triggered by the current command",
+                "ExecUpdate",
+            )
+            .set_hint("Consider using an AFTER trigger instead of a BEFORE trigger to propagate changes to other rows.")
+            .report(PgLogLevel::ERROR);
         }
-        Update::Skipped
+        Ok(Update::Skipped)
     }
 
     /// Ends the write: indexes closed, slots released, the executor state freed.
-    pub fn finish(self) {
+    pub fn finish(self) -> Result<()> {
+        // SAFETY: the target was begun and is finished once (finish takes it by value).
         unsafe {
-            guarded(|| {
+            catch(|| {
                 ffi::ExecCloseIndices(self.rri);
                 ffi::ExecResetTupleTable((*self.estate).es_tupleTable, false);
                 pg_sys::MemoryContextSwitchTo(self.caller_context);

@@ -1,0 +1,17 @@
+//! The one door to PostgreSQL's internals: everything that touches the executor, the heap,
+//! indexes, the relcache, SPI or the error machinery sits below this module, so the claim,
+//! versioned writes and every later feature share one set of tested steps.
+//!
+//! - [`guard`]: calls into PostgreSQL that keep an error whole ([`catch`]), so that it can be
+//!   raised again exactly as the equivalent statement raises it.
+//! - [`ffi`]: PostgreSQL functions declared without pgrx's per-call guard, for [`catch`].
+//! - [`spi`]: statements prepared once per backend and run through SPI.
+//! - [`write`]: one row written through the table and index access methods, in the
+//!   executor's own steps, for tables proven plain enough ([`write::is_plain`]).
+
+pub mod ffi;
+mod guard;
+pub mod spi;
+pub mod write;
+
+pub use guard::{catch, PgError};

@@ -1,0 +1,155 @@
+//! SPI statements, each prepared once per backend and kept for its life. PostgreSQL's plan
+//! cache revalidates a kept plan after DDL on the tables it reads, so a kept plan never goes
+//! stale; it only saves the parse and plan of every call.
+//!
+//! SPI is called through the unguarded declarations inside [`catch`], so an error a user's
+//! trigger, constraint or policy raises in a statement reaches the client whole, without the
+//! CONTEXT line naming the extension's own SQL.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, CString};
+use std::rc::Rc;
+
+use pgrx::datum::{DatumWithOid, FromDatum};
+use pgrx::pg_sys;
+
+use super::{catch, ffi, PgError};
+
+/// A fixed statement the extension runs. Every name in `sql` is schema-qualified (operators
+/// too), so no search_path and no look-alike object can redirect it.
+pub struct Statement {
+    pub sql: &'static str,
+    pub args: &'static [pg_sys::Oid],
+}
+
+/// A plan kept for the backend's life, or until its owner drops it.
+pub struct Kept {
+    plan: pg_sys::SPIPlanPtr,
+    sql: String,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        // SAFETY: the plan was kept by SPI_keepplan and is freed once, here.
+        unsafe { ffi::SPI_freeplan(self.plan) };
+    }
+}
+
+thread_local! {
+    static KEPT: RefCell<HashMap<usize, Rc<Kept>>> = RefCell::new(HashMap::new());
+}
+
+impl Statement {
+    /// Runs the statement and hands its result to `read`.
+    pub fn run<R>(&'static self, args: &[DatumWithOid<'_>], read: impl FnOnce(&Rows) -> R) -> Result<R, PgError> {
+        execute(&*self.kept()?, args, read)
+    }
+
+    fn kept(&'static self) -> Result<Rc<Kept>, PgError> {
+        let id = self as *const Statement as usize;
+        if let Some(plan) = KEPT.with(|k| k.borrow().get(&id).cloned()) {
+            return Ok(plan);
+        }
+        let plan = Rc::new(prepare(self.sql, self.args)?);
+        KEPT.with(|k| k.borrow_mut().insert(id, plan.clone()));
+        Ok(plan)
+    }
+}
+
+/// Prepares and keeps a statement (fixed or generated).
+pub fn prepare(sql: &str, args: &[pg_sys::Oid]) -> Result<Kept, PgError> {
+    let text = CString::new(sql).expect("the extension's SQL holds no NUL");
+    let mut types = args.to_vec();
+    // SAFETY: the C string and the type array outlive the step, which owns nothing.
+    let plan = unsafe {
+        catch(|| {
+            connect();
+            let plan = ffi::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
+            if !plan.is_null() {
+                ffi::SPI_keepplan(plan);
+            }
+            ffi::SPI_finish();
+            plan
+        })
+    }
+    .map_err(|e| e.without_statement_line(sql))?;
+    assert!(!plan.is_null(), "idempotency could not prepare: {sql}");
+    Ok(Kept { plan, sql: sql.to_string() })
+}
+
+fn connect() {
+    // SAFETY: called inside a catch; SPI_connect fails only from a wrong nesting, a bug.
+    let status = unsafe { ffi::SPI_connect() };
+    assert_eq!(status, pg_sys::SPI_OK_CONNECT as i32, "SPI_connect failed");
+}
+
+/// Runs a kept plan in its own SPI connection and hands the rows to `read`, which copies out
+/// what it needs: they are gone when the connection closes.
+pub fn execute<R>(plan: &Kept, args: &[DatumWithOid<'_>], read: impl FnOnce(&Rows) -> R) -> Result<R, PgError> {
+    let datums: Vec<Option<pg_sys::Datum>> = args.iter().map(|a| a.datum().map(|d| d.sans_lifetime())).collect();
+    let mut values: Vec<pg_sys::Datum> = datums.iter().map(|d| d.unwrap_or(pg_sys::Datum::from(0))).collect();
+    let nulls: Vec<c_char> = datums.iter().map(|d| if d.is_some() { b' ' } else { b'n' } as c_char).collect();
+    // SAFETY: the argument arrays outlive the step, which owns nothing.
+    let status = unsafe {
+        catch(|| {
+            connect();
+            ffi::SPI_execute_plan(plan.plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
+        })
+    }
+    .map_err(|e| e.without_statement_line(&plan.sql))?;
+    assert!(status >= 0, "idempotency statement failed with SPI status {status}: {}", plan.sql);
+    // SAFETY: SPI_execute_plan just set both; they stay valid until SPI_finish.
+    let rows = unsafe { Rows { table: pg_sys::SPI_tuptable, count: pg_sys::SPI_processed as usize } };
+    let result = read(&rows);
+    // SAFETY: closes the connection opened above.
+    unsafe { catch(|| ffi::SPI_finish())? };
+    Ok(result)
+}
+
+/// Runs a statement once, unprepared: for DDL the extension issues on a user's behalf.
+pub fn run_once(sql: &str) -> Result<(), PgError> {
+    let text = CString::new(sql).expect("the extension's SQL holds no NUL");
+    // SAFETY: the C string outlives the step, which owns nothing.
+    let status = unsafe {
+        catch(|| {
+            connect();
+            let status = ffi::SPI_execute(text.as_ptr(), false, 0);
+            ffi::SPI_finish();
+            status
+        })
+    }
+    .map_err(|e| e.without_statement_line(sql))?;
+    assert!(status >= 0, "idempotency statement failed with SPI status {status}: {sql}");
+    Ok(())
+}
+
+/// The rows a statement returned, valid while its SPI connection is open.
+pub struct Rows {
+    table: *mut pg_sys::SPITupleTable,
+    count: usize,
+}
+
+impl Rows {
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Column `column` (1-based) of row `row` (0-based), copied into Rust.
+    pub fn get<T: FromDatum>(&self, row: usize, column: i32) -> Option<T> {
+        assert!(row < self.count, "row {row} of {}", self.count);
+        // SAFETY: the row exists, the table is live (see the type), and the column number is
+        // the caller's statement's own; reading a value raises nothing.
+        unsafe {
+            let tuple = *(*self.table).vals.add(row);
+            let desc = (*self.table).tupdesc;
+            let mut null = false;
+            let datum = pg_sys::SPI_getbinval(tuple, desc, column, &mut null);
+            T::from_polymorphic_datum(datum, null, pg_sys::SPI_gettypeid(desc, column))
+        }
+    }
+}
