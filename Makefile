@@ -5,10 +5,10 @@ PG_MAJOR      ?= 15
 PG_CONFIG     ?= /usr/lib/postgresql/$(PG_MAJOR)/bin/pg_config
 PGRX_VERSION  := 0.18.1
 PGXS_TEST     = $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)/pgxs/src/test
-APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) postgresql-$(PG_MAJOR)-cron \
+APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) postgresql-$(PG_MAJOR)-cron postgresql-$(PG_MAJOR)-pgaudit \
                  postgresql-contrib libclang-dev sudo pkg-config
 # A throwaway cluster with pg_cron preloaded; everything that needs a server runs inside it.
-VIRTUALENV    := pg_virtualenv -v $(PG_MAJOR) -o shared_preload_libraries=pg_cron -o cron.use_background_workers=on
+VIRTUALENV    := pg_virtualenv -v $(PG_MAJOR) -o shared_preload_libraries=pg_cron,pgaudit,pg_stat_statements -o cron.use_background_workers=on
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs/*.spec))))
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test

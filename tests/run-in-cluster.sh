@@ -32,5 +32,8 @@ bash tests/dump_restore.sh
 echo "== pg_cron runs the scheduled purge"
 bash tests/pg_cron.sh
 
+echo "== what pgaudit, pg_stat_statements and auto_explain see of direct writes"
+bash tests/executor_hooks.sh
+
 # Every suite above stops the script on its first failure, so reaching here means all passed.
-echo "suites: 7 passed, 0 failed"
+echo "suites: 8 passed, 0 failed"

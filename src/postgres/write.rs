@@ -46,12 +46,26 @@ pub fn define_settings() {
 
 /// Whether writes may skip the executor at all. A direct write never runs ExecutorStart or
 /// ExecutorEnd, so the extensions that hook those to record nested statements would not see
-/// it: while pg_stat_statements tracks all statements, or auto_explain logs nested ones, the
-/// statement path runs instead. pgaudit needs nothing: its permission-check hook runs on
-/// both paths. The rule reads settings, not whether a hook is set, because pgaudit and
+/// it: while pg_stat_statements tracks all statements, auto_explain logs nested ones, or
+/// pgaudit's session logging covers writes, the statement path runs instead. pgaudit's
+/// object logging (pgaudit.role) needs nothing: its permission-check hook runs on both
+/// paths. The rule reads settings, not whether a hook is set, because pgaudit and
 /// pg_stat_statements set their hooks whenever they are loaded.
 pub fn direct_allowed() -> bool {
-    DIRECT_WRITES.get() && !setting_is(c"pg_stat_statements.track", c"all") && !auto_explain_logs_nested()
+    DIRECT_WRITES.get()
+        && !setting_is(c"pg_stat_statements.track", c"all")
+        && !auto_explain_logs_nested()
+        && !setting(c"pgaudit.log").is_some_and(|classes| audits_writes(&classes.to_string_lossy()))
+}
+
+/// Whether a pgaudit.log value ("write, ddl", "all, -misc") includes the WRITE class: the
+/// classes are read left to right, "all" adds every class and "-class" removes one.
+fn audits_writes(classes: &str) -> bool {
+    classes.split(',').map(|c| c.trim().to_ascii_lowercase()).fold(false, |writes, class| match class.as_str() {
+        "all" | "write" => true,
+        "-all" | "-write" => false,
+        _ => writes,
+    })
 }
 
 fn auto_explain_logs_nested() -> bool {

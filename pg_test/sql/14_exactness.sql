@@ -1,0 +1,182 @@
+-- A direct write is exactly the statement it replaces.  Each case below once differed
+-- between the direct path and the INSERT or UPDATE a user would write; this story runs
+-- twice (direct writes on and off) against one expected output, and each case sets the
+-- extension's answer beside the hand-written statement's, field by field.
+
+-- error_fields runs a statement and shows every field of the error it raises, as a driver
+-- sees them (psql's VERBOSITY verbose shows the same, with a LOCATION that varies).
+CREATE FUNCTION error_fields(statement text) RETURNS TABLE (field text, value text)
+LANGUAGE plpgsql AS $$
+DECLARE
+  state text; msg text; detail text; hint text; ctx text;
+  sch text; tab text; col text; typ text; con text;
+BEGIN
+  EXECUTE statement;
+  RETURN QUERY SELECT 'error', 'none';
+EXCEPTION WHEN OTHERS THEN
+  GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+    detail = PG_EXCEPTION_DETAIL, hint = PG_EXCEPTION_HINT, ctx = PG_EXCEPTION_CONTEXT,
+    sch = SCHEMA_NAME, tab = TABLE_NAME, col = COLUMN_NAME, typ = PG_DATATYPE_NAME,
+    con = CONSTRAINT_NAME;
+  -- From this function's EXECUTE on, CONTEXT tells who ran the statement, and its
+  -- "SQL statement" line quotes the statement: neither is part of what it raised.
+  ctx := regexp_replace(ctx, '\n?PL/pgSQL function error_fields\(text\) line \d+ at EXECUTE.*$', '');
+  ctx := trim(trailing E'\n' FROM replace(ctx, 'SQL statement "' || statement || '"', ''));
+  RETURN QUERY SELECT * FROM (VALUES ('sqlstate', state), ('message', msg), ('detail', detail),
+    ('hint', hint), ('schema', sch), ('table', tab), ('column', col), ('datatype', typ),
+    ('constraint', con), ('context', ctx)) AS f(k, v) WHERE v <> '';
+END $$;
+
+-- same_error says whether two statements raise the same error in every field.
+CREATE FUNCTION same_error(ours text, theirs text) RETURNS boolean LANGUAGE sql AS $$
+  SELECT array_agg(o ORDER BY o) IS NOT DISTINCT FROM
+         (SELECT array_agg(t ORDER BY t) FROM error_fields(theirs) AS t)
+  FROM error_fields(ours) AS o
+$$;
+
+-- 1. JSON null into a column whose domain is NOT NULL, or CHECKs VALUE IS NOT NULL.
+CREATE DOMAIN required_text AS text NOT NULL;
+CREATE DOMAIN checked_qty AS int CHECK (VALUE IS NOT NULL);
+CREATE TABLE stock (id int PRIMARY KEY, label required_text, qty checked_qty, version int);
+INSERT INTO stock VALUES (1, 'bolt', 5, 1);
+SELECT * FROM error_fields($$SELECT idem_versioned_update('stock', '{"id": 1}', '{"label": null, "version": 2}')$$);
+SELECT same_error($$SELECT idem_versioned_update('stock', '{"id": 1}', '{"label": null, "version": 2}')$$,
+                  $$UPDATE stock SET label = NULL::required_text, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS not_null_domain;
+SELECT same_error($$SELECT idem_versioned_update('stock', '{"id": 1}', '{"qty": null, "version": 2}')$$,
+                  $$UPDATE stock SET qty = NULL::checked_qty, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS checked_domain;
+SELECT * FROM stock;
+
+-- 2. A second unique index on the ledger's key_digest, as REINDEX CONCURRENTLY builds one:
+-- a duplicate is still false, never 23505, however many new claims came before it.
+CREATE UNIQUE INDEX ledger_key_again ON idempotency.ledger (key_digest);
+SELECT count(*) FILTER (WHERE idem_claim('two-indexes-' || g)) AS new_claims FROM generate_series(1, 20) AS g;
+SELECT idem_claim('two-indexes-3') AS duplicate, idem_claim('two-indexes-21') AS new;
+DROP INDEX idempotency.ledger_key_again;
+REINDEX INDEX CONCURRENTLY idempotency.ledger_pkey;
+SELECT idem_claim('two-indexes-4') AS duplicate_after_reindex;
+
+-- 3. A GENERATED ALWAYS identity column may only be set to DEFAULT.
+CREATE TABLE tickets (id int PRIMARY KEY, seq int GENERATED ALWAYS AS IDENTITY, version int);
+INSERT INTO tickets (id, version) VALUES (1, 1), (2, 1);
+SELECT * FROM error_fields($$SELECT idem_versioned_update('tickets', '{"id": 1}', '{"seq": 2, "version": 2}')$$);
+SELECT same_error($$SELECT idem_versioned_update('tickets', '{"id": 1}', '{"seq": 2, "version": 2}')$$,
+                  $$UPDATE tickets SET seq = 2, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS identity_always;
+SELECT * FROM tickets ORDER BY id;
+
+-- 4. A unique index that compares case-insensitively on a case-sensitive column: the key
+-- is compared with the column's collation, as the statement compares it.
+CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+CREATE TABLE accounts (code text, balance int, version int);
+CREATE UNIQUE INDEX accounts_code ON accounts (code COLLATE case_blind);
+INSERT INTO accounts VALUES ('ABC', 10, 1);
+SELECT idem_versioned_update('accounts', '{"code": "abc"}', '{"balance": 99, "version": 2}') AS other_case;
+WITH u AS (UPDATE accounts SET balance = 99, version = 2 WHERE code = 'abc' AND (version IS NULL OR version < 2) RETURNING 1)
+SELECT count(*) AS hand_written FROM u;
+SELECT idem_versioned_update('accounts', '{"code": "ABC"}', '{"balance": 20, "version": 2}') AS same_case;
+SELECT * FROM accounts;
+
+-- 5. INSERT … ON CONFLICT (key_digest) reads key_digest, so a claim needs SELECT on it:
+-- without it a role could learn which keys exist.
+CREATE ROLE blind_writer;
+GRANT USAGE ON SCHEMA idempotency TO blind_writer;
+GRANT INSERT ON idempotency.ledger TO blind_writer;
+SET ROLE blind_writer;
+SELECT * FROM error_fields($$SELECT idem_claim('blind-1')$$);
+SELECT same_error($$SELECT idem_claim('blind-1')$$,
+                  $$INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('blind-1'), idem_scope_id('default')) ON CONFLICT (key_digest) DO NOTHING$$) AS insert_without_select;
+RESET ROLE;
+GRANT SELECT (key_digest) ON idempotency.ledger TO blind_writer;
+SET ROLE blind_writer;
+SELECT idem_claim('blind-1') AS with_select_on_the_key, idem_claim('blind-1') AS duplicate;
+RESET ROLE;
+REVOKE ALL ON idempotency.ledger FROM blind_writer;
+REVOKE ALL ON SCHEMA idempotency FROM blind_writer;
+DROP ROLE blind_writer;
+
+-- 6. The primary key replaced by a UNIQUE constraint still arbitrates; with no unique
+-- index at all, the statement's 42P10.
+ALTER TABLE idempotency.ledger DROP CONSTRAINT ledger_pkey;
+ALTER TABLE idempotency.ledger ADD CONSTRAINT ledger_key UNIQUE (key_digest);
+SELECT idem_claim('replaced-key') AS new, idem_claim('replaced-key') AS duplicate;
+ALTER TABLE idempotency.ledger DROP CONSTRAINT ledger_key;
+SELECT * FROM error_fields($$SELECT idem_claim('no-key')$$);
+SELECT same_error($$SELECT idem_claim('no-key')$$,
+                  $$INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('no-key'), idem_scope_id('default')) ON CONFLICT (key_digest) DO NOTHING$$) AS no_unique_index;
+ALTER TABLE idempotency.ledger ADD CONSTRAINT ledger_pkey PRIMARY KEY (key_digest);
+
+-- 7. A version column with a typmod: the new version is compared as given, then stored
+-- rounded, as the statement does.
+CREATE TABLE prices (id int PRIMARY KEY, amount int, version numeric(10,0));
+INSERT INTO prices VALUES (1, 100, 5);
+SELECT idem_versioned_update('prices', '{"id": 1}', '{"amount": 101, "version": 5.4}') AS fraction_newer;
+WITH u AS (UPDATE prices SET amount = 102, version = 5.4 WHERE id = 1 AND (version IS NULL OR version < 5.4::numeric) RETURNING 1)
+SELECT count(*) AS hand_written FROM u;
+SELECT * FROM prices;
+
+-- 8. Defaults a DBA set on the ledger's columns fill the columns a claim does not name.
+ALTER TABLE idempotency.ledger ALTER claimed_at SET DEFAULT '2001-02-03 04:05:06+00',
+  ALTER result SET DEFAULT '{"filled": "by default"}', ALTER fingerprint SET DEFAULT '00000000-0000-0000-0000-000000000001';
+SELECT idem_claim('defaults-1') AS plain, idem_claim('defaults-2', 'default', '{"a": 1}') AS with_payload,
+       idem_claim_many(ARRAY['defaults-3']) AS batch;
+INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('defaults-hand'), idem_scope_id('default'))
+  ON CONFLICT (key_digest) DO NOTHING;
+SELECT k, l.claimed_at AT TIME ZONE 'UTC' AS claimed_utc, l.fingerprint = idem_fingerprint('{"a": 1}') AS payload_fingerprint,
+       l.fingerprint, l.result
+FROM unnest(ARRAY['defaults-1', 'defaults-2', 'defaults-3', 'defaults-hand']) AS k
+JOIN idempotency.ledger AS l ON l.key_digest = idem_digest(k) ORDER BY k;
+ALTER TABLE idempotency.ledger ALTER claimed_at SET DEFAULT now(), ALTER result DROP DEFAULT, ALTER fingerprint DROP DEFAULT;
+
+-- 9 and 10. A duplicate writes nothing: no transaction id, no counted insertion, however
+-- many new claims the session made before it (SERIALIZABLE's side is in the isolation
+-- spec serializable_claims).
+SELECT count(*) FILTER (WHERE idem_claim('quiet-' || g)) AS new_claims FROM generate_series(1, 20) AS g;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT n_tup_ins AS inserted_before, n_tup_del AS deleted_before
+FROM pg_stat_xact_user_tables WHERE relid = 'idempotency.ledger'::regclass \gset
+SELECT idem_claim('quiet-7') AS duplicate, idem_claim_many(ARRAY['quiet-8', 'quiet-9']) AS duplicates;
+SELECT pg_current_xact_id_if_assigned() IS NULL AS no_xid,
+       n_tup_ins - :inserted_before AS inserted, n_tup_del - :deleted_before AS deleted
+FROM pg_stat_xact_user_tables WHERE relid = 'idempotency.ledger'::regclass;
+COMMIT;
+
+-- 11. A CHECK constraint on the ledger may read tableoid.
+ALTER TABLE idempotency.ledger ADD CONSTRAINT in_the_ledger CHECK (tableoid = 'idempotency.ledger'::regclass);
+SELECT idem_claim('tableoid-1') AS new, idem_claim_many(ARRAY['tableoid-2', 'tableoid-1']) AS batch;
+ALTER TABLE idempotency.ledger DROP CONSTRAINT in_the_ledger;
+
+-- Errors arrive whole.  A trigger's own SQLSTATE, DETAIL and CONTEXT, on the ledger and on
+-- a versioned target:
+CREATE FUNCTION refuse_quota() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'quota exceeded' USING ERRCODE = 'Q0001', DETAIL = 'quota 100', HINT = 'wait for tomorrow';
+END $$;
+CREATE TRIGGER quota BEFORE INSERT ON idempotency.ledger FOR EACH ROW EXECUTE FUNCTION refuse_quota();
+SELECT * FROM error_fields($$SELECT idem_claim('quota-1')$$);
+SELECT same_error($$SELECT idem_claim('quota-1')$$,
+                  $$INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('quota-1'), idem_scope_id('default')) ON CONFLICT (key_digest) DO NOTHING$$) AS trigger_on_ledger;
+DROP TRIGGER quota ON idempotency.ledger;
+CREATE TRIGGER quota BEFORE UPDATE ON stock FOR EACH ROW EXECUTE FUNCTION refuse_quota();
+SELECT same_error($$SELECT idem_versioned_update('stock', '{"id": 1}', '{"qty": 6, "version": 2}')$$,
+                  $$UPDATE stock SET qty = 6, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS trigger_on_target;
+DROP TRIGGER quota ON stock;
+
+-- A unique violation carries its schema, table and constraint, which ORMs map errors by.
+CREATE TABLE members (id int PRIMARY KEY, email text CONSTRAINT members_email_key UNIQUE, version int);
+INSERT INTO members VALUES (1, 'a@example.com', 1), (2, 'b@example.com', 1);
+SELECT * FROM error_fields($$SELECT idem_versioned_update('members', '{"id": 2}', '{"email": "a@example.com", "version": 2}')$$);
+SELECT same_error($$SELECT idem_versioned_update('members', '{"id": 2}', '{"email": "a@example.com", "version": 2}')$$,
+                  $$UPDATE members SET email = 'a@example.com', version = 2 WHERE id = 2 AND (version IS NULL OR version < 2)$$) AS unique_violation;
+-- Input functions and CHECK constraints, with their datatype, column and constraint names.
+ALTER TABLE members ADD CONSTRAINT email_has_at CHECK (email LIKE '%@%');
+SELECT same_error($$SELECT idem_versioned_update('members', '{"id": 2}', '{"email": "nobody", "version": 2}')$$,
+                  $$UPDATE members SET email = 'nobody', version = 2 WHERE id = 2 AND (version IS NULL OR version < 2)$$) AS check_violation;
+SELECT same_error($$SELECT idem_versioned_update('members', '{"id": 2}', '{"version": "two"}')$$,
+                  $$UPDATE members SET version = 'two' WHERE id = 2 AND (version IS NULL OR version < 'two')$$) AS bad_input;
+SELECT same_error($$SELECT idem_versioned_upsert('members', '{"id": 3, "email": "a@example.com", "version": 1}')$$,
+                  $$INSERT INTO members AS t (id, email, version) VALUES (3, 'a@example.com', 1) ON CONFLICT (id) DO UPDATE SET email = EXCLUDED.email, version = EXCLUDED.version WHERE t.version IS NULL OR t.version < EXCLUDED.version$$) AS upsert_unique_violation;
+SELECT * FROM members ORDER BY id;
+
+DROP TABLE stock, tickets, accounts, prices, members;
+DROP DOMAIN required_text, checked_qty;
+DROP COLLATION case_blind;
+DROP FUNCTION refuse_quota();

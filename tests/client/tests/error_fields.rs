@@ -1,0 +1,181 @@
+//! Errors reach a driver whole: every diagnostic field of an error raised inside the
+//! extension's functions equals the field the equivalent hand-written statement gives, with
+//! direct writes on and off. ORMs map errors by SQLSTATE and constraint name, consumers
+//! retry on 40001 and 55P03, and both read these fields through their driver.
+
+mod common;
+
+use std::thread;
+
+use common::{ok, test_db, wait_until_blocked, TestDb};
+use postgres::error::DbError;
+use postgres::Client;
+
+fn db() -> &'static TestDb {
+    test_db(
+        "error_fields",
+        "CREATE TABLE members (id int PRIMARY KEY, email text CONSTRAINT members_email_key UNIQUE,
+                               version int CONSTRAINT version_below_100 CHECK (version < 100));
+         INSERT INTO members VALUES (1, 'a@example.com', 1), (2, 'b@example.com', 1);
+         CREATE FUNCTION refuse_quota() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           RAISE EXCEPTION 'quota exceeded' USING ERRCODE = 'Q0001', DETAIL = 'quota 100', HINT = 'wait';
+         END $$;",
+    )
+}
+
+/// Every field a driver reads, but the statement's position and the server's source
+/// location, which name where the error was raised, not what it is.
+#[derive(Debug, PartialEq, Eq)]
+struct Fields {
+    severity: String,
+    code: String,
+    message: String,
+    detail: Option<String>,
+    hint: Option<String>,
+    schema: Option<String>,
+    table: Option<String>,
+    column: Option<String>,
+    datatype: Option<String>,
+    constraint: Option<String>,
+    context: Option<String>,
+}
+
+impl Fields {
+    fn of(error: &DbError) -> Fields {
+        Fields {
+            severity: error.severity().to_string(),
+            code: error.code().code().to_string(),
+            message: error.message().to_string(),
+            detail: error.detail().map(str::to_string),
+            hint: error.hint().map(str::to_string),
+            schema: error.schema().map(str::to_string),
+            table: error.table().map(str::to_string),
+            column: error.column().map(str::to_string),
+            datatype: error.datatype().map(str::to_string),
+            constraint: error.constraint().map(str::to_string),
+            context: error.where_().map(str::to_string),
+        }
+    }
+}
+
+/// The fields of the error `sql` raises, in a transaction rolled back afterwards.
+fn error_of(client: &mut Client, setup: &str, sql: &str) -> Fields {
+    ok(client.batch_execute("BEGIN"), "BEGIN");
+    ok(client.batch_execute(setup), "setup");
+    let error = match client.batch_execute(sql) {
+        Ok(()) => panic!("{sql}: expected an error"),
+        Err(e) => Fields::of(e.as_db_error().unwrap_or_else(|| panic!("{sql}: not a server error: {e}"))),
+    };
+    ok(client.batch_execute("ROLLBACK"), "ROLLBACK");
+    error
+}
+
+/// Asserts that the extension's call and the hand-written statement raise the same error,
+/// both ways, and returns it.
+#[track_caller]
+fn same_error(setup: &str, ours: &str, theirs: &str) -> Fields {
+    let mut client = db().connect("error-fields");
+    let expected = error_of(&mut client, setup, theirs);
+    for direct in ["on", "off"] {
+        let setup = format!("SET LOCAL idempotency.direct_writes = {direct}; {setup}");
+        assert_eq!(error_of(&mut client, &setup, ours), expected, "{ours} with direct writes {direct}, against {theirs}");
+    }
+    expected
+}
+
+#[test]
+fn a_unique_violation_names_its_schema_table_and_constraint() {
+    let error = same_error(
+        "",
+        r#"SELECT idem_versioned_update('members', '{"id": 2}', '{"email": "a@example.com", "version": 2}')"#,
+        "UPDATE members SET email = 'a@example.com', version = 2 WHERE id = 2 AND (version IS NULL OR version < 2)",
+    );
+    assert_eq!((error.code.as_str(), error.constraint.as_deref()), ("23505", Some("members_email_key")));
+    assert_eq!((error.schema.as_deref(), error.table.as_deref()), (Some("public"), Some("members")));
+}
+
+#[test]
+fn a_check_violation_names_its_constraint_and_the_failing_row() {
+    let error = same_error(
+        "",
+        r#"SELECT idem_versioned_update('members', '{"id": 2}', '{"version": 100}')"#,
+        "UPDATE members SET version = 100 WHERE id = 2 AND (version IS NULL OR version < 100)",
+    );
+    assert_eq!((error.code.as_str(), error.constraint.as_deref()), ("23514", Some("version_below_100")));
+    assert_eq!(error.detail.as_deref(), Some("Failing row contains (2, b@example.com, 100)."));
+}
+
+#[test]
+fn a_triggers_own_sqlstate_detail_hint_and_context_pass_through() {
+    let ledger = "CREATE TRIGGER quota BEFORE INSERT ON idempotency.ledger FOR EACH ROW EXECUTE FUNCTION refuse_quota();";
+    let error = same_error(
+        ledger,
+        "SELECT idem_claim('quota-1')",
+        "INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('quota-1'), idem_scope_id('default'))
+         ON CONFLICT (key_digest) DO NOTHING",
+    );
+    assert_eq!(
+        (error.code.as_str(), error.detail.as_deref(), error.hint.as_deref()),
+        ("Q0001", Some("quota 100"), Some("wait"))
+    );
+    assert_eq!(error.context.as_deref(), Some("PL/pgSQL function refuse_quota() line 3 at RAISE"));
+
+    let target = "CREATE TRIGGER quota BEFORE UPDATE ON members FOR EACH ROW EXECUTE FUNCTION refuse_quota();";
+    same_error(
+        target,
+        r#"SELECT idem_versioned_update('members', '{"id": 1}', '{"version": 5}')"#,
+        "UPDATE members SET version = 5 WHERE id = 1 AND (version IS NULL OR version < 5)",
+    );
+}
+
+/// A claim waiting for another transaction's uncommitted claim, ended by `end` from a third
+/// session, against the hand-written INSERT ended the same way: the same error, fields and
+/// CONTEXT ("while inserting index tuple …") included.
+fn waiting_claim_error(key: &str, end: &str) -> (Fields, Fields) {
+    let db = db();
+    let mut holder = db.session("fields-holder");
+    let mut observer = db.connect("fields-observer");
+    ok(holder.client.batch_execute("BEGIN"), "holder BEGIN");
+    ok(holder.client.execute("SELECT idem_claim($1)", &[&key]), "holder claims");
+    let hand_written = format!(
+        "INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('{key}'), idem_scope_id('default'))
+         ON CONFLICT (key_digest) DO NOTHING"
+    );
+    let mut outcomes = Vec::new();
+    for sql in [format!("SELECT idem_claim('{key}')"), hand_written] {
+        let mut waiter = db.session("fields-waiter");
+        if end == "lock_timeout" {
+            ok(waiter.client.batch_execute("SET lock_timeout = '100ms'"), "lock_timeout");
+        }
+        let error = thread::scope(|s| {
+            let client = &mut waiter.client;
+            let sql = &sql;
+            let handle = s.spawn(move || client.batch_execute(sql));
+            if end == "cancel" {
+                wait_until_blocked(&mut observer, waiter.pid, holder.pid, || handle.is_finished());
+                ok(observer.execute("SELECT pg_cancel_backend($1)", &[&waiter.pid]), "cancel");
+            }
+            let result = handle.join().expect("the waiter does not panic");
+            Fields::of(result.expect_err("the wait ends in an error").as_db_error().expect("a server error"))
+        });
+        outcomes.push(error);
+    }
+    ok(holder.client.batch_execute("ROLLBACK"), "holder ROLLBACK");
+    let hand = outcomes.pop().expect("two outcomes");
+    (outcomes.pop().expect("two outcomes"), hand)
+}
+
+#[test]
+fn a_lock_timeout_while_waiting_for_a_claim_is_the_statements() {
+    let (ours, theirs) = waiting_claim_error("waited-out", "lock_timeout");
+    assert_eq!(ours, theirs);
+    assert_eq!(ours.code, "55P03");
+}
+
+#[test]
+fn a_cancelled_wait_for_a_claim_is_the_statements() {
+    let (ours, theirs) = waiting_claim_error("cancelled", "cancel");
+    assert_eq!(ours, theirs);
+    assert_eq!(ours.code, "57014");
+}

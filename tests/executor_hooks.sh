@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# What the executor's observers see of a direct write (the cluster preloads pgaudit and
+# pg_stat_statements; see VIRTUALENV in the Makefile).
+# - pgaudit logs a direct write as it logs the statement: its permission-check hook runs on
+#   both paths, in session logging of WRITE and in object logging of the target.
+# - pg_stat_statements with track = all, and auto_explain logging nested statements, hook
+#   ExecutorStart, which a direct write never calls: there the statement path runs instead.
+set -euo pipefail
+
+fail() { echo "executor hooks: $*" >&2; exit 1; }
+psql -qX -v ON_ERROR_STOP=1 -d postgres <<'SQL'
+SET client_min_messages = warning;
+DROP DATABASE IF EXISTS idem_hooks;
+CREATE DATABASE idem_hooks;
+SQL
+run() { psql -qXAt -v ON_ERROR_STOP=1 -d idem_hooks "$@" 2>&1; }
+run >/dev/null <<'SQL'
+CREATE EXTENSION idempotency;
+CREATE EXTENSION pg_stat_statements;
+CREATE TABLE read_model (id int PRIMARY KEY, status text, version int);
+INSERT INTO read_model VALUES (1, 'new', 1);
+CREATE ROLE auditor NOLOGIN;
+GRANT INSERT ON idempotency.ledger TO auditor;
+GRANT UPDATE ON read_model TO auditor;
+SQL
+
+audited() {  # audited SETTING: the AUDIT lines of a claim and a versioned update
+  run <<SQL | grep 'AUDIT:' || true
+SET pgaudit.log_client = on;
+SET pgaudit.log_level = notice;
+$1
+SELECT idem_claim('audited-' || pg_backend_pid());
+SELECT idem_versioned_update('read_model', '{"id": 1}', ('{"status": "paid", "version": ' || pg_backend_pid() || '}')::jsonb);
+SQL
+}
+expect_audit() {  # expect_audit LINES PATTERN...: each pattern appears in LINES
+  local lines=$1; shift
+  for pattern in "$@"; do
+    grep -qE "AUDIT: $pattern" <<<"$lines" || fail "pgaudit did not log '$pattern'; it logged:
+$lines"
+  done
+}
+# Object logging: a direct write is logged with the statement that called it.
+object=$(audited "SET pgaudit.role = 'auditor';")
+expect_audit "$object" "OBJECT,1,[0-9]+,WRITE,INSERT,TABLE,idempotency.ledger,\"?SELECT idem_claim" \
+                       "OBJECT,2,[0-9]+,WRITE,UPDATE,TABLE,public.read_model,\"?SELECT idem_versioned_update"
+grep -q 'AUDIT: SESSION' <<<"$object" && fail "no session logging was asked for: $object"
+# Session logging of WRITE: the statement path runs, so both classes of line appear.
+session=$(audited "SET pgaudit.log = 'ddl, write'; SET pgaudit.role = 'auditor';")
+expect_audit "$session" "SESSION,1,[0-9]+,WRITE,INSERT,,,\"?INSERT INTO idempotency.ledger" \
+                        "OBJECT,1,[0-9]+,WRITE,INSERT,TABLE,idempotency.ledger," \
+                        "SESSION,2,[0-9]+,WRITE,UPDATE,,,\"?UPDATE public.read_model" \
+                        "OBJECT,2,[0-9]+,WRITE,UPDATE,TABLE,public.read_model,"
+session_all=$(audited "SET pgaudit.log = 'all, -misc';")
+expect_audit "$session_all" "SESSION,1,[0-9]+,WRITE,INSERT,,,\"?INSERT INTO idempotency.ledger"
+echo "executor hooks: pgaudit logs direct writes (object) and, with session logging of WRITE, their statements"
+
+# The nested INSERT appears in pg_stat_statements only when the statement path ran.
+nested() {  # nested TRACK: how many times pg_stat_statements saw the claim's own INSERT
+  run <<SQL | tail -1
+SELECT pg_stat_statements_reset();
+SET pg_stat_statements.track = '$1';
+SELECT idem_claim('tracked-' || g) FROM generate_series(1, 3) AS g;
+SELECT coalesce(sum(calls), 0) FROM pg_stat_statements
+WHERE query LIKE 'INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES%';
+SQL
+}
+[ "$(nested top)" = 0 ] || fail "with track = top the claims were expected to write directly, unseen"
+[ "$(nested all)" = 3 ] || fail "with track = all pg_stat_statements did not see the claims' INSERT: $(nested all)"
+echo "executor hooks: pg_stat_statements.track = all sees every claim's INSERT"
+
+explained() {  # explained SETTINGS: the auto_explain plans logged for one claim
+  run <<SQL | grep -c 'Insert on ledger' || true
+LOAD 'auto_explain';
+SET auto_explain.log_level = notice;
+SET client_min_messages = notice;
+$1
+SELECT idem_claim('explained-' || pg_backend_pid());
+SQL
+}
+[ "$(explained "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = off;")" = 0 ] \
+  || fail "auto_explain without nested statements was not expected to see the claim's INSERT"
+[ "$(explained "SET auto_explain.log_min_duration = -1; SET auto_explain.log_nested_statements = on;")" = 0 ] \
+  || fail "auto_explain switched off was not expected to see the claim's INSERT"
+[ "$(explained "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;")" = 1 ] \
+  || fail "auto_explain logging nested statements did not see the claim's INSERT"
+echo "executor hooks: auto_explain with log_nested_statements sees the claim's INSERT"
+psql -qX -d postgres -c "DROP DATABASE idem_hooks" -c "DROP ROLE auditor"
