@@ -37,14 +37,14 @@ $$;
 -- 1. JSON null into a column whose domain is NOT NULL, or CHECKs VALUE IS NOT NULL.
 CREATE DOMAIN required_text AS text NOT NULL;
 CREATE DOMAIN checked_qty AS int CHECK (VALUE IS NOT NULL);
-CREATE TABLE stock (id int PRIMARY KEY, label required_text, qty checked_qty, version int);
-INSERT INTO stock VALUES (1, 'bolt', 5, 1);
-SELECT * FROM error_fields($$SELECT idem_versioned_update('stock', '{"id": 1}', '{"label": null, "version": 2}')$$);
-SELECT same_error($$SELECT idem_versioned_update('stock', '{"id": 1}', '{"label": null, "version": 2}')$$,
-                  $$UPDATE stock SET label = NULL::required_text, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS not_null_domain;
-SELECT same_error($$SELECT idem_versioned_update('stock', '{"id": 1}', '{"qty": null, "version": 2}')$$,
-                  $$UPDATE stock SET qty = NULL::checked_qty, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS checked_domain;
-SELECT * FROM stock;
+CREATE TABLE exact_stock (id int PRIMARY KEY, label required_text, qty checked_qty, version int);
+INSERT INTO exact_stock VALUES (1, 'bolt', 5, 1);
+SELECT * FROM error_fields($$SELECT idem_versioned_update('exact_stock', '{"id": 1}', '{"label": null, "version": 2}')$$);
+SELECT same_error($$SELECT idem_versioned_update('exact_stock', '{"id": 1}', '{"label": null, "version": 2}')$$,
+                  $$UPDATE exact_stock SET label = NULL::required_text, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS not_null_domain;
+SELECT same_error($$SELECT idem_versioned_update('exact_stock', '{"id": 1}', '{"qty": null, "version": 2}')$$,
+                  $$UPDATE exact_stock SET qty = NULL::checked_qty, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS checked_domain;
+SELECT * FROM exact_stock;
 
 -- 2. A second unique index on the ledger's key_digest, as REINDEX CONCURRENTLY builds one:
 -- a duplicate is still false, never 23505, however many new claims came before it.
@@ -56,24 +56,24 @@ REINDEX INDEX CONCURRENTLY idempotency.ledger_pkey;
 SELECT idem_claim('two-indexes-4') AS duplicate_after_reindex;
 
 -- 3. A GENERATED ALWAYS identity column may only be set to DEFAULT.
-CREATE TABLE tickets (id int PRIMARY KEY, seq int GENERATED ALWAYS AS IDENTITY, version int);
-INSERT INTO tickets (id, version) VALUES (1, 1), (2, 1);
-SELECT * FROM error_fields($$SELECT idem_versioned_update('tickets', '{"id": 1}', '{"seq": 2, "version": 2}')$$);
-SELECT same_error($$SELECT idem_versioned_update('tickets', '{"id": 1}', '{"seq": 2, "version": 2}')$$,
-                  $$UPDATE tickets SET seq = 2, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS identity_always;
-SELECT * FROM tickets ORDER BY id;
+CREATE TABLE exact_tickets (id int PRIMARY KEY, seq int GENERATED ALWAYS AS IDENTITY, version int);
+INSERT INTO exact_tickets (id, version) VALUES (1, 1), (2, 1);
+SELECT * FROM error_fields($$SELECT idem_versioned_update('exact_tickets', '{"id": 1}', '{"seq": 2, "version": 2}')$$);
+SELECT same_error($$SELECT idem_versioned_update('exact_tickets', '{"id": 1}', '{"seq": 2, "version": 2}')$$,
+                  $$UPDATE exact_tickets SET seq = 2, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS identity_always;
+SELECT * FROM exact_tickets ORDER BY id;
 
 -- 4. A unique index that compares case-insensitively on a case-sensitive column: the key
 -- is compared with the column's collation, as the statement compares it.
 CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
-CREATE TABLE accounts (code text, balance int, version int);
-CREATE UNIQUE INDEX accounts_code ON accounts (code COLLATE case_blind);
-INSERT INTO accounts VALUES ('ABC', 10, 1);
-SELECT idem_versioned_update('accounts', '{"code": "abc"}', '{"balance": 99, "version": 2}') AS other_case;
-WITH u AS (UPDATE accounts SET balance = 99, version = 2 WHERE code = 'abc' AND (version IS NULL OR version < 2) RETURNING 1)
+CREATE TABLE exact_accounts (code text, balance int, version int);
+CREATE UNIQUE INDEX accounts_code ON exact_accounts (code COLLATE case_blind);
+INSERT INTO exact_accounts VALUES ('ABC', 10, 1);
+SELECT idem_versioned_update('exact_accounts', '{"code": "abc"}', '{"balance": 99, "version": 2}') AS other_case;
+WITH u AS (UPDATE exact_accounts SET balance = 99, version = 2 WHERE code = 'abc' AND (version IS NULL OR version < 2) RETURNING 1)
 SELECT count(*) AS hand_written FROM u;
-SELECT idem_versioned_update('accounts', '{"code": "ABC"}', '{"balance": 20, "version": 2}') AS same_case;
-SELECT * FROM accounts;
+SELECT idem_versioned_update('exact_accounts', '{"code": "ABC"}', '{"balance": 20, "version": 2}') AS same_case;
+SELECT * FROM exact_accounts;
 
 -- 5. INSERT … ON CONFLICT (key_digest) reads key_digest, so a claim needs SELECT on it:
 -- without it a role could learn which keys exist.
@@ -106,12 +106,12 @@ ALTER TABLE idempotency.ledger ADD CONSTRAINT ledger_pkey PRIMARY KEY (key_diges
 
 -- 7. A version column with a typmod: the new version is compared as given, then stored
 -- rounded, as the statement does.
-CREATE TABLE prices (id int PRIMARY KEY, amount int, version numeric(10,0));
-INSERT INTO prices VALUES (1, 100, 5);
-SELECT idem_versioned_update('prices', '{"id": 1}', '{"amount": 101, "version": 5.4}') AS fraction_newer;
-WITH u AS (UPDATE prices SET amount = 102, version = 5.4 WHERE id = 1 AND (version IS NULL OR version < 5.4::numeric) RETURNING 1)
+CREATE TABLE exact_prices (id int PRIMARY KEY, amount int, version numeric(10,0));
+INSERT INTO exact_prices VALUES (1, 100, 5);
+SELECT idem_versioned_update('exact_prices', '{"id": 1}', '{"amount": 101, "version": 5.4}') AS fraction_newer;
+WITH u AS (UPDATE exact_prices SET amount = 102, version = 5.4 WHERE id = 1 AND (version IS NULL OR version < 5.4::numeric) RETURNING 1)
 SELECT count(*) AS hand_written FROM u;
-SELECT * FROM prices;
+SELECT * FROM exact_prices;
 
 -- 8. Defaults a DBA set on the ledger's columns fill the columns a claim does not name.
 ALTER TABLE idempotency.ledger ALTER claimed_at SET DEFAULT '2001-02-03 04:05:06+00',
@@ -155,28 +155,42 @@ SELECT * FROM error_fields($$SELECT idem_claim('quota-1')$$);
 SELECT same_error($$SELECT idem_claim('quota-1')$$,
                   $$INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('quota-1'), idem_scope_id('default')) ON CONFLICT (key_digest) DO NOTHING$$) AS trigger_on_ledger;
 DROP TRIGGER quota ON idempotency.ledger;
-CREATE TRIGGER quota BEFORE UPDATE ON stock FOR EACH ROW EXECUTE FUNCTION refuse_quota();
-SELECT same_error($$SELECT idem_versioned_update('stock', '{"id": 1}', '{"qty": 6, "version": 2}')$$,
-                  $$UPDATE stock SET qty = 6, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS trigger_on_target;
-DROP TRIGGER quota ON stock;
+CREATE TRIGGER quota BEFORE UPDATE ON exact_stock FOR EACH ROW EXECUTE FUNCTION refuse_quota();
+SELECT same_error($$SELECT idem_versioned_update('exact_stock', '{"id": 1}', '{"qty": 6, "version": 2}')$$,
+                  $$UPDATE exact_stock SET qty = 6, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS trigger_on_target;
+DROP TRIGGER quota ON exact_stock;
 
 -- A unique violation carries its schema, table and constraint, which ORMs map errors by.
-CREATE TABLE members (id int PRIMARY KEY, email text CONSTRAINT members_email_key UNIQUE, version int);
-INSERT INTO members VALUES (1, 'a@example.com', 1), (2, 'b@example.com', 1);
-SELECT * FROM error_fields($$SELECT idem_versioned_update('members', '{"id": 2}', '{"email": "a@example.com", "version": 2}')$$);
-SELECT same_error($$SELECT idem_versioned_update('members', '{"id": 2}', '{"email": "a@example.com", "version": 2}')$$,
-                  $$UPDATE members SET email = 'a@example.com', version = 2 WHERE id = 2 AND (version IS NULL OR version < 2)$$) AS unique_violation;
+CREATE TABLE exact_members (id int PRIMARY KEY, email text CONSTRAINT members_email_key UNIQUE, version int);
+INSERT INTO exact_members VALUES (1, 'a@example.com', 1), (2, 'b@example.com', 1);
+SELECT * FROM error_fields($$SELECT idem_versioned_update('exact_members', '{"id": 2}', '{"email": "a@example.com", "version": 2}')$$);
+SELECT same_error($$SELECT idem_versioned_update('exact_members', '{"id": 2}', '{"email": "a@example.com", "version": 2}')$$,
+                  $$UPDATE exact_members SET email = 'a@example.com', version = 2 WHERE id = 2 AND (version IS NULL OR version < 2)$$) AS unique_violation;
 -- Input functions and CHECK constraints, with their datatype, column and constraint names.
-ALTER TABLE members ADD CONSTRAINT email_has_at CHECK (email LIKE '%@%');
-SELECT same_error($$SELECT idem_versioned_update('members', '{"id": 2}', '{"email": "nobody", "version": 2}')$$,
-                  $$UPDATE members SET email = 'nobody', version = 2 WHERE id = 2 AND (version IS NULL OR version < 2)$$) AS check_violation;
-SELECT same_error($$SELECT idem_versioned_update('members', '{"id": 2}', '{"version": "two"}')$$,
-                  $$UPDATE members SET version = 'two' WHERE id = 2 AND (version IS NULL OR version < 'two')$$) AS bad_input;
-SELECT same_error($$SELECT idem_versioned_upsert('members', '{"id": 3, "email": "a@example.com", "version": 1}')$$,
-                  $$INSERT INTO members AS t (id, email, version) VALUES (3, 'a@example.com', 1) ON CONFLICT (id) DO UPDATE SET email = EXCLUDED.email, version = EXCLUDED.version WHERE t.version IS NULL OR t.version < EXCLUDED.version$$) AS upsert_unique_violation;
-SELECT * FROM members ORDER BY id;
+ALTER TABLE exact_members ADD CONSTRAINT email_has_at CHECK (email LIKE '%@%');
+SELECT same_error($$SELECT idem_versioned_update('exact_members', '{"id": 2}', '{"email": "nobody", "version": 2}')$$,
+                  $$UPDATE exact_members SET email = 'nobody', version = 2 WHERE id = 2 AND (version IS NULL OR version < 2)$$) AS check_violation;
+SELECT same_error($$SELECT idem_versioned_update('exact_members', '{"id": 2}', '{"version": "two"}')$$,
+                  $$UPDATE exact_members SET version = 'two' WHERE id = 2 AND (version IS NULL OR version < 'two')$$) AS bad_input;
+SELECT same_error($$SELECT idem_versioned_upsert('exact_members', '{"id": 3, "email": "a@example.com", "version": 1}')$$,
+                  $$INSERT INTO exact_members AS t (id, email, version) VALUES (3, 'a@example.com', 1) ON CONFLICT (id) DO UPDATE SET email = EXCLUDED.email, version = EXCLUDED.version WHERE t.version IS NULL OR t.version < EXCLUDED.version$$) AS upsert_unique_violation;
+SELECT * FROM exact_members ORDER BY id;
 
-DROP TABLE stock, tickets, accounts, prices, members;
+-- Values are values before any row is read: a bad value is an error for a stale or a
+-- missing row too, as the hand-written statement's literal is (exact_members goes direct, exact_prices
+-- takes the statement); of two bad values, the same one is reported.
+SELECT same_error($$SELECT idem_versioned_update('exact_members', '{"id": 2}', '{"email": "stale", "version": "one"}')$$,
+                  $$UPDATE exact_members SET email = 'stale', version = 'one' WHERE id = 2 AND (version IS NULL OR version < 'one')$$) AS stale_bad_value;
+SELECT same_error($$SELECT idem_versioned_update('exact_members', '{"id": 99}', '{"version": 5, "email": "nobody"}')$$,
+                  $$UPDATE exact_members SET version = 5, email = 'nobody' WHERE id = 99 AND (version IS NULL OR version < 5)$$) AS missing_row_check;
+SELECT same_error($$SELECT idem_versioned_update('exact_prices', '{"id": 1}', '{"amount": "lots", "version": 1}')$$,
+                  $$UPDATE exact_prices SET amount = 'lots', version = 1 WHERE id = 1 AND (version IS NULL OR version < 1::numeric)$$) AS stale_bad_value_statement;
+SELECT same_error($$SELECT idem_versioned_update('exact_prices', '{"id": "nine"}', '{"amount": "lots", "version": 9}')$$,
+                  $$UPDATE exact_prices SET amount = 'lots', version = 9 WHERE id = 'nine' AND (version IS NULL OR version < 9::numeric)$$) AS two_bad_values_statement;
+SELECT same_error($$SELECT idem_versioned_update('exact_members', '{"id": "nine"}', '{"version": "nine"}')$$,
+                  $$UPDATE exact_members SET version = 'nine' WHERE id = 'nine' AND (version IS NULL OR version < 'nine')$$) AS two_bad_values;
+
+DROP TABLE exact_stock, exact_tickets, exact_accounts, exact_prices, exact_members;
 DROP DOMAIN required_text, checked_qty;
 DROP COLLATION case_blind;
 DROP FUNCTION refuse_quota();

@@ -110,7 +110,7 @@ unguarded! {
 
     fn SPI_connect() -> ::core::ffi::c_int;
     fn SPI_finish() -> ::core::ffi::c_int;
-    fn SPI_prepare(src: *const ::core::ffi::c_char, nargs: ::core::ffi::c_int, argtypes: *mut Oid) -> SPIPlanPtr;
+    fn SPI_prepare_cursor(src: *const ::core::ffi::c_char, nargs: ::core::ffi::c_int, argtypes: *mut Oid, cursorOptions: ::core::ffi::c_int) -> SPIPlanPtr;
     fn SPI_keepplan(plan: SPIPlanPtr) -> ::core::ffi::c_int;
     fn SPI_freeplan(plan: SPIPlanPtr) -> ::core::ffi::c_int;
     fn SPI_execute(src: *const ::core::ffi::c_char, read_only: bool, tcount: ::core::ffi::c_long) -> ::core::ffi::c_int;

@@ -57,7 +57,10 @@ impl Statement {
     }
 }
 
-/// Prepares and keeps a statement (fixed or generated).
+/// Prepares and keeps a statement (fixed or generated). Its plan is always the generic one:
+/// a custom plan would fold the arguments into constants while planning, which changes
+/// which of two bad values is reported first, and when (see versioned writes' gating
+/// condition); a generic plan evaluates them when it runs, in the order the statement says.
 pub fn prepare(sql: &str, args: &[pg_sys::Oid]) -> Result<Kept, PgError> {
     let text = CString::new(sql).expect("the extension's SQL holds no NUL");
     let mut types = args.to_vec();
@@ -65,7 +68,12 @@ pub fn prepare(sql: &str, args: &[pg_sys::Oid]) -> Result<Kept, PgError> {
     let plan = unsafe {
         catch(|| {
             connect();
-            let plan = ffi::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
+            let plan = ffi::SPI_prepare_cursor(
+                text.as_ptr(),
+                types.len() as i32,
+                types.as_mut_ptr(),
+                pg_sys::CURSOR_OPT_GENERIC_PLAN as i32,
+            );
             if !plan.is_null() {
                 ffi::SPI_keepplan(plan);
             }

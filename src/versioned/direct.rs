@@ -100,6 +100,16 @@ pub struct DirectUpdate {
     version_collation: pg_sys::Oid,
     /// SELECT on the key and version columns, UPDATE on the changed ones, as for the statement.
     permissions: Permissions,
+    /// The order in which the values are made, as parse analysis coerces a statement's
+    /// literals (its WHERE before its SET): the key columns by attnum, the version, then the
+    /// other changes by attnum, so that of two bad values the same one is reported.
+    coercions: Vec<Value>,
+}
+
+#[derive(Clone, Copy)]
+enum Value {
+    Change(usize),
+    Key(usize),
 }
 
 unsafe fn attribute<'a>(rel: pg_sys::Relation, name: &str) -> Option<&'a pg_sys::FormData_pg_attribute> {
@@ -165,6 +175,10 @@ impl DirectUpdate {
             });
         }
         keys.sort_by_key(|k| k.index_column);
+        // Keys by attnum, the version, then the other changes by attnum (see `coercions`).
+        let mut coercions: Vec<(u8, i16, Value)> = keys.iter().enumerate().map(|(i, k)| (0, k.column.attnum, Value::Key(i))).collect();
+        coercions.extend(columns.iter().enumerate().map(|(i, c)| (if i == version_position { 1 } else { 2 }, c.attnum, Value::Change(i))));
+        coercions.sort_by_key(|&(group, attnum, _)| (group, attnum));
         let selected: Vec<i16> = attnums.iter().copied().chain([version_attr.attnum]).collect();
         let updated: Vec<i16> = columns.iter().map(|c| c.attnum).collect();
         Some(DirectUpdate {
@@ -176,6 +190,7 @@ impl DirectUpdate {
             version: version_position,
             version_order: &raw mut (*order).cmp_proc_finfo,
             version_collation: version_attr.attcollation,
+            coercions: coercions.into_iter().map(|(_, _, value)| value).collect(),
         })
     }
 
@@ -188,11 +203,15 @@ impl DirectUpdate {
     pub unsafe fn run(&self, rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>]) -> Result<bool, PgError> {
         // Values first, as a client's literals or parameters become values before the
         // statement is planned or its privileges checked.
-        let mut given_key = Vec::with_capacity(self.keys.len());
-        let mut new_values = Vec::with_capacity(self.changes.len());
+        let mut given_key = vec![pg_sys::Datum::from(0); self.keys.len()];
+        let mut new_values = vec![(pg_sys::Datum::from(0), true); self.changes.len()];
         catch(|| {
-            given_key.extend(self.keys.iter().map(|k| coerce(&k.column.input, &key[k.member].value).0));
-            new_values.extend(self.changes.iter().zip(changes).map(|(c, m)| coerce(&c.input, &m.value)));
+            for value in &self.coercions {
+                match *value {
+                    Value::Change(i) => new_values[i] = coerce(&self.changes[i].input, &changes[i].value),
+                    Value::Key(i) => given_key[i] = coerce(&self.keys[i].column.input, &key[self.keys[i].member].value).0,
+                }
+            }
         })?;
         self.permissions.check(rel)?;
         let snapshot = StatementSnapshot::take()?;

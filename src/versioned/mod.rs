@@ -44,7 +44,8 @@ static COLUMNS: Statement = Statement {
                  CASE WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype THEN 'jsonb' \
                       WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.json'::pg_catalog.regtype THEN 'json' \
                       WHEN b.typcategory OPERATOR(pg_catalog.=) 'A' OR b.typtype OPERATOR(pg_catalog.=) 'c' THEN 'record' \
-                      ELSE 'text' END \
+                      ELSE 'text' END, \
+                 a.attnum \
           FROM pg_catalog.pg_attribute a \
           JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid \
           JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace \
@@ -73,6 +74,7 @@ static OPERATOR_NAME: Statement = Statement {
 };
 
 struct Column {
+    attnum: i16,
     type_oid: pg_sys::Oid,
     type_name: String,
     conversion: String,
@@ -101,6 +103,7 @@ impl Table {
             (0..rows.len())
                 .filter_map(|i| {
                     let column = Column {
+                        attnum: rows.get::<i16>(i, 5)?,
                         type_oid: rows.get::<pg_sys::Oid>(i, 2)?,
                         type_name: rows.get::<String>(i, 3)?,
                         conversion: rows.get::<String>(i, 4)?,
@@ -142,6 +145,16 @@ impl Table {
             ),
             _ => format!("({param} OPERATOR(pg_catalog.->>) {member})::{}", c.type_name),
         })
+    }
+
+    /// `members` as (attnum, value expression over `param`), in attnum order.
+    fn values_by_attnum(&self, param: &str, members: &[&Member<'_>]) -> Result<Vec<String>> {
+        let mut values = Vec::with_capacity(members.len());
+        for member in members {
+            values.push((self.get(member.name)?.attnum, self.value_of(param, member.name)?));
+        }
+        values.sort_unstable_by_key(|(attnum, _)| *attnum);
+        Ok(values.into_iter().map(|(_, value)| value).collect())
     }
 
     fn unique_keys(&self) -> Result<Vec<(bool, Vec<String>)>> {
@@ -354,13 +367,24 @@ fn versioned_update(
         for member in &key_members {
             matches.push(format!("t.{} {} {}", quote_ident(member.name), table.equality(member.name)?, table.value_of("$1", member.name)?));
         }
+        // Every value is made before any row is read, as a client's literals are coerced when
+        // the statement is parsed: a bad value is an error even when no row is newer. The
+        // condition has no column of the table, so it gates the scan and runs once. Keys by
+        // attnum, the version, then the other changes by attnum, as parse analysis takes a
+        // WHERE before its SET.
+        let (versions, others): (Vec<_>, Vec<_>) = change_members.iter().partition(|m| m.name == version);
+        let mut values = table.values_by_attnum("$1", &key_members.iter().collect::<Vec<_>>())?;
+        values.extend(table.values_by_attnum("$2", &versions)?);
+        values.extend(table.values_by_attnum("$2", &others)?);
         let v = quote_ident(version);
         let sql = format!(
-            "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version})",
+            "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version}) \
+             AND pg_catalog.num_nulls({values}) OPERATOR(pg_catalog.>=) 0",
             table = table.name,
             set = set.join(", "),
             matches = matches.join(" AND "),
             new_version = table.value_of("$2", version)?,
+            values = values.join(", "),
         );
         Ok(Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])?))
     })?;
