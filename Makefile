@@ -13,7 +13,7 @@ REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs/*.spec))))
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
 
-.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test bench bench-instructions clean
+.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test bench bench-instructions fuzz-direct clean
 
 all: install
 
@@ -65,6 +65,12 @@ pgrx-test: deps
 
 bench: install
 	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off -o autovacuum=off bash bench/run.sh; fi
+
+# The differential tester (tests/differential) for ten minutes from a random seed, which it
+# prints first, so that a failing case replays with --seed S --case I. Known-open classes
+# fail here too.
+fuzz-direct: install
+	$(VIRTUALENV) cargo run -q --release -p idempotency-differential -- --seconds 600
 
 # callgrind's instruction counts per transaction, steadier than any tps (bench/instructions.sh).
 bench-instructions: install

@@ -1,0 +1,724 @@
+//! Random cases: a table shape, a ledger shape, privileges, and the steps run against them.
+
+use crate::rng::Rng;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Int2,
+    Int4,
+    Int8,
+    Numeric,
+    /// numeric(precision, scale)
+    NumericTm(u8, u8),
+    Text,
+    Varchar(u8),
+    Char(u8),
+    Bool,
+    Timestamptz,
+    /// timestamp(precision)
+    Timestamp(u8),
+    Date,
+    Uuid,
+    Jsonb,
+    Json,
+    Bit(u8),
+}
+
+#[derive(Clone, Debug)]
+pub struct Column {
+    pub name: String,
+    /// The declaration after the name: type, collation, constraints, default.
+    pub decl: String,
+    pub kind: Kind,
+    /// A GENERATED ALWAYS identity or a stored generated column: the statement refuses any
+    /// value but DEFAULT (428C9).
+    pub always: bool,
+}
+
+/// One JSON value and the text a hand-written literal of it holds (None: SQL NULL).
+#[derive(Clone, Debug)]
+pub struct Value {
+    pub json: String,
+    pub text: Option<String>,
+}
+
+fn string(s: impl AsRef<str>) -> Value {
+    let s = s.as_ref();
+    let mut json = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => json.push_str("\\\""),
+            '\\' => json.push_str("\\\\"),
+            c if (c as u32) < 0x20 => json.push_str(&format!("\\u{:04x}", c as u32)),
+            c => json.push(c),
+        }
+    }
+    json.push('"');
+    Value { json, text: Some(s.to_string()) }
+}
+
+/// A JSON number or boolean, written as jsonb prints it, so its text is its literal.
+fn bare(s: impl AsRef<str>) -> Value {
+    let s = s.as_ref();
+    Value { json: s.to_string(), text: Some(s.to_string()) }
+}
+
+fn null() -> Value {
+    Value { json: "null".into(), text: None }
+}
+
+fn number(n: i64) -> Value {
+    bare(&n.to_string())
+}
+
+/// A value the column takes (or, for strings of the right kind, usually takes).
+pub fn valid(kind: Kind, rng: &mut Rng) -> Value {
+    match kind {
+        Kind::Int2 | Kind::Int4 | Kind::Int8 => {
+            let n = rng.below(9) + 1;
+            if rng.chance(20) { string(n.to_string()) } else { number(n as i64) }
+        }
+        Kind::Numeric => bare(rng.pick(&["1", "2.5", "2.50", "-3.125", "0.000001", "12345678901234567890.5"])),
+        Kind::NumericTm(p, s) => {
+            let whole = 10u64.pow(u32::from(p - s).min(6)) - 1;
+            let frac = if s > 0 { format!(".{}", "4".repeat(s as usize)) } else { String::new() };
+            bare(&format!("{}{frac}", rng.below(whole as usize + 1)))
+        }
+        Kind::Text => string(rng.pick(&["a", "A", "b", "ß", "SS", "x'y", "back\\slash", "", "😀", "line\nbreak", "ümlaut"])),
+        Kind::Varchar(n) | Kind::Char(n) => string(&"abcdefgh"[..rng.below(n as usize + 1).min(8)]),
+        Kind::Bool => rng.pick(&[bare("true"), bare("false"), string("t"), string("no")]).clone(),
+        Kind::Timestamptz => string(rng.pick(&["2024-01-02 03:04:05+02", "2024-06-30 23:59:59.5+00", "1999-12-31 00:00:00-08", "infinity"])),
+        Kind::Timestamp(_) => string(rng.pick(&["2024-01-02 03:04:05", "2024-06-30 23:59:59.123456", "-infinity", "2000-02-29 12:00:00.5"])),
+        Kind::Date => string(rng.pick(&["2024-02-29", "2024-01-01", "1970-01-01", "infinity"])),
+        Kind::Uuid => string(rng.pick(&[
+            "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11",
+            "{00000000-0000-0000-0000-000000000001}",
+        ])),
+        Kind::Jsonb | Kind::Json => {
+            let json = rng.pick(&["{\"a\": 1}", "[1, \"two\", null]", "\"s\"", "3.0", "{}", "true"]).to_string();
+            Value { text: Some(json.clone()), json }
+        }
+        Kind::Bit(n) => string(&"1011010101"[..n as usize]),
+    }
+}
+
+/// A value at or past the edge of the column's type: out of range, too long, near the
+/// typmod, of another JSON type, or JSON null.
+pub fn wild(kind: Kind, rng: &mut Rng) -> Value {
+    if rng.chance(15) {
+        return null();
+    }
+    let common = [bare("true"), bare("1.5"), string("abc"), string(" 7 "), bare("-0.0")];
+    if rng.chance(15) {
+        return rng.pick(&common).clone();
+    }
+    match kind {
+        Kind::Int2 => bare(rng.pick(&["32767", "32768", "-32769", "1e2", "7.0"])),
+        Kind::Int4 => bare(rng.pick(&["2147483647", "2147483648", "-2147483649", "1e9", "3.5"])),
+        Kind::Int8 => bare(rng.pick(&["9223372036854775807", "9223372036854775808", "-9223372036854775809", "12.0"])),
+        Kind::Numeric => string(rng.pick(&["NaN", "Infinity", "-Infinity", "1e400", "+5", "1_000"])),
+        Kind::NumericTm(p, s) => {
+            let edge = "9".repeat((p - s) as usize);
+            let frac = "9".repeat(s as usize + 1);
+            rng.pick(&[bare(&format!("{edge}.{frac}")), bare(&format!("1{edge}")), bare(&format!("-{edge}")), string("NaN")])
+        }
+        Kind::Text => {
+            let long = "long".repeat(600);
+            rng.pick(&[bare("12.50"), Value { json: "{\"n\": [1, 2]}".into(), text: Some("{\"n\": [1, 2]}".into()) }, string(&long), string("\u{1}")])
+        }
+        Kind::Varchar(n) | Kind::Char(n) => {
+            let n = n as usize;
+            rng.pick(&[string(&"x".repeat(n + 1)), string(&format!("{}   ", "y".repeat(n))), string(&"é".repeat(n)), string(&"é".repeat(n + 1))])
+        }
+        Kind::Bool => rng.pick(&[string("maybe"), bare("1"), bare("2"), string("YES"), string(" off ")]),
+        Kind::Timestamptz | Kind::Timestamp(_) => string(rng.pick(&[
+            "2024-02-30 00:00:00",
+            "2024-01-02 03:04:05.9999999",
+            "294277-01-01 00:00:00",
+            "2024-01-02T03:04:05Z",
+            "epoch",
+        ])),
+        Kind::Date => string(rng.pick(&["2023-02-29", "5874898-01-01", "5874897-12-31", "epoch", "20240101"])),
+        Kind::Uuid => string(rng.pick(&["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1", "not-a-uuid", "a0eebc999c0b4ef8bb6d6bb9bd380a11"])),
+        Kind::Jsonb | Kind::Json => string("a string, not an object"),
+        Kind::Bit(n) => rng.pick(&[string(&"1".repeat(n as usize + 1)), string("12"), string(&"0".repeat(n as usize - 1))]),
+    }
+}
+
+/// The version to write, around the stored ones so that both newer and stale writes occur.
+pub fn version(kind: Kind, rng: &mut Rng) -> Value {
+    let n = rng.below(6) as i64 + 1;
+    match kind {
+        Kind::Int2 | Kind::Int4 | Kind::Int8 | Kind::NumericTm(_, 0) => number(n),
+        Kind::Numeric => bare(&format!("{n}.{}", rng.below(3) * 5)),
+        Kind::NumericTm(..) => bare(&format!("{n}.45")),
+        Kind::Text | Kind::Varchar(_) | Kind::Char(_) => string(&format!("v{n}")),
+        Kind::Timestamptz => string(&format!("2024-01-0{n} 00:00:00.5+00")),
+        Kind::Timestamp(_) => string(&format!("2024-01-0{n} 00:00:00.{}", "5".repeat(rng.below(7) + 1))),
+        Kind::Date => string(&format!("2024-01-0{n}")),
+        _ => number(n),
+    }
+}
+
+/// A key value: a small pool, so that writes find rows and collide.
+pub fn key(kind: Kind, rng: &mut Rng) -> Value {
+    match kind {
+        Kind::Int2 | Kind::Int4 | Kind::Int8 => {
+            let n = rng.below(5) as i64 + 1;
+            if rng.chance(15) { string(&n.to_string()) } else { number(n) }
+        }
+        Kind::Numeric | Kind::NumericTm(..) => bare(rng.pick(&["1", "2", "2.50", "3"])),
+        Kind::Text | Kind::Varchar(_) | Kind::Char(_) => string(rng.pick(&["a", "A", "b", "ß", "ss", "c "])),
+        Kind::Date => string(rng.pick(&["2024-01-01", "2024-01-02", "2024-01-03"])),
+        _ => valid(kind, rng),
+    }
+}
+
+/// The table every case writes to, t.tab.
+#[derive(Clone, Debug)]
+pub struct Table {
+    /// The primary key's columns.
+    pub pk: Vec<Column>,
+    /// The alternate key column, and whether a plain unique index makes it a key the
+    /// versioned update accepts.
+    pub code: Option<(Column, bool)>,
+    pub version: Column,
+    /// Columns neither key nor version.
+    pub others: Vec<Column>,
+    /// CREATE statements after the CREATE TABLE: indexes, constraints, ALTERs.
+    pub after: Vec<String>,
+}
+
+fn column(name: &str, kind: Kind, decl: String) -> Column {
+    Column { name: name.into(), decl, kind, always: false }
+}
+
+fn type_name(kind: Kind) -> String {
+    match kind {
+        Kind::Int2 => "int2".into(),
+        Kind::Int4 => "int4".into(),
+        Kind::Int8 => "int8".into(),
+        Kind::Numeric => "numeric".into(),
+        Kind::NumericTm(p, s) => format!("numeric({p},{s})"),
+        Kind::Text => "text".into(),
+        Kind::Varchar(n) => format!("varchar({n})"),
+        Kind::Char(n) => format!("char({n})"),
+        Kind::Bool => "boolean".into(),
+        Kind::Timestamptz => "timestamptz".into(),
+        Kind::Timestamp(p) => format!("timestamp({p})"),
+        Kind::Date => "date".into(),
+        Kind::Uuid => "uuid".into(),
+        Kind::Jsonb => "jsonb".into(),
+        Kind::Json => "json".into(),
+        Kind::Bit(n) => format!("bit({n})"),
+    }
+}
+
+const COLLATIONS: [&str; 4] = ["\"C\"", "\"und-x-icu\"", "public.ci", "\"default\""];
+
+/// Domains every case may use; created in schema t, so each case starts without them.
+pub const DOMAINS: &str = "CREATE DOMAIN t.posint AS int4 CHECK (VALUE > 0);
+CREATE DOMAIN t.short_nn AS varchar(4) NOT NULL CHECK (VALUE <> 'bad');
+CREATE DOMAIN t.money2 AS numeric(8,2) CHECK (VALUE >= 0);
+CREATE DOMAIN t.ver AS int8";
+
+fn payload_kind(rng: &mut Rng) -> Kind {
+    rng.pick(&[
+        Kind::Int2,
+        Kind::Int4,
+        Kind::Int8,
+        Kind::Numeric,
+        Kind::NumericTm(6, 2),
+        Kind::NumericTm(3, 0),
+        Kind::Text,
+        Kind::Varchar(3),
+        Kind::Char(2),
+        Kind::Bool,
+        Kind::Timestamptz,
+        Kind::Timestamp(0),
+        Kind::Timestamp(3),
+        Kind::Date,
+        Kind::Uuid,
+        Kind::Jsonb,
+        Kind::Json,
+        Kind::Bit(3),
+    ])
+}
+
+/// A constant default of the kind, as SQL.
+fn default_of(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Int2 | Kind::Int4 | Kind::Int8 | Kind::Numeric | Kind::NumericTm(..) => "7",
+        Kind::Text | Kind::Varchar(_) | Kind::Char(_) => "'d'",
+        Kind::Bool => "true",
+        Kind::Timestamptz | Kind::Timestamp(_) => "'2020-01-01 00:00:00'",
+        Kind::Date => "'2020-01-01'",
+        Kind::Uuid => "'00000000-0000-0000-0000-0000000000dd'",
+        Kind::Jsonb | Kind::Json => "'{\"d\": true}'",
+        Kind::Bit(_) => "B'000'",
+    }
+}
+
+/// A CHECK that some values of the kind fail.
+fn check_of(name: &str, kind: Kind) -> Option<String> {
+    Some(match kind {
+        Kind::Int2 | Kind::Int4 | Kind::Int8 | Kind::Numeric | Kind::NumericTm(..) => format!("CHECK ({name} <> 3)"),
+        Kind::Text | Kind::Varchar(_) | Kind::Char(_) => format!("CHECK ({name} <> 'b')"),
+        Kind::Bool => format!("CHECK ({name} OR {name} IS NULL)"),
+        Kind::Date => format!("CHECK ({name} > '2000-01-01')"),
+        _ => return None,
+    })
+}
+
+impl Table {
+    pub fn generate(rng: &mut Rng) -> Table {
+        let mut after = Vec::new();
+        let pk = match rng.below(9) {
+            0 => vec![column("id", Kind::Int8, "int8 GENERATED ALWAYS AS IDENTITY".into())],
+            1 => vec![column("id", Kind::Int4, "int4 GENERATED BY DEFAULT AS IDENTITY".into())],
+            2 => vec![column("id", Kind::Int4, "int4".into()), column("part", Kind::Text, format!("text COLLATE {}", rng.pick(&COLLATIONS)))],
+            3 => vec![column("id", Kind::Text, format!("text COLLATE {}", rng.pick(&COLLATIONS)))],
+            4 => vec![column("id", Kind::Varchar(2), "varchar(2)".into())],
+            5 => vec![column("id", Kind::Numeric, "numeric".into())],
+            6 => vec![column("id", Kind::Date, "date".into())],
+            7 => vec![column("id", Kind::Int2, "t.posint".into()).with_kind(Kind::Int4)],
+            _ => vec![column("id", rng.pick(&[Kind::Int2, Kind::Int4, Kind::Int8]), String::new())],
+        };
+        let pk: Vec<Column> = pk
+            .into_iter()
+            .map(|mut c| {
+                if c.decl.is_empty() {
+                    c.decl = type_name(c.kind);
+                }
+                c.always = c.decl.contains("ALWAYS");
+                c
+            })
+            .collect();
+        let code = rng.chance(60).then(|| {
+            let kind = rng.pick(&[Kind::Text, Kind::Varchar(5)]);
+            let collation = rng.pick(&COLLATIONS);
+            let c = column("code", kind, format!("{} COLLATE {collation}", type_name(kind)));
+            // (the index or constraint, whether a versioned update may name code as its key:
+            // only a plain, immediate unique index makes it one).
+            let other = rng.pick(&COLLATIONS);
+            let variants = [
+                ("ALTER TABLE t.tab ADD CONSTRAINT tab_code_key UNIQUE (code)".to_string(), true),
+                (format!("CREATE UNIQUE INDEX tab_code_coll ON t.tab (code COLLATE {other})"), true),
+                ("CREATE UNIQUE INDEX tab_code_partial ON t.tab (code) WHERE code <> 'a'".into(), false),
+                ("CREATE UNIQUE INDEX tab_code_expr ON t.tab (lower(code))".into(), false),
+                ("ALTER TABLE t.tab ADD CONSTRAINT tab_code_excl EXCLUDE USING btree (code WITH =)".into(), false),
+                ("ALTER TABLE t.tab ADD CONSTRAINT tab_code_key UNIQUE (code) DEFERRABLE INITIALLY IMMEDIATE".into(), false),
+            ];
+            let keyable = match variants.get(rng.below(variants.len() + 1)) {
+                Some((sql, keyable)) => {
+                    after.push(sql.clone());
+                    *keyable
+                }
+                None => false,
+            };
+            (c, keyable)
+        });
+        let version = match rng.below(12) {
+            0 => column("version", Kind::Int8, "t.ver".into()),
+            1 => column("version", Kind::Int4, "t.posint".into()),
+            2 => column("version", Kind::NumericTm(10, 0), "numeric(10,0)".into()),
+            3 => column("version", Kind::Timestamp(2), "timestamp(2)".into()),
+            4 => column("version", Kind::Int8, "int8 NOT NULL DEFAULT 0".into()),
+            5 => column("version", Kind::Text, format!("text COLLATE {}", rng.pick(&COLLATIONS))),
+            6 => column("version", Kind::Numeric, "numeric".into()),
+            7 => column("version", Kind::Timestamptz, "timestamptz".into()),
+            8 => column("version", Kind::Date, "date".into()),
+            9 => column("version", Kind::Int2, "int2".into()),
+            _ => column("version", Kind::Int4, "int4".into()),
+        };
+        let mut others = Vec::new();
+        for i in 0..rng.below(4) + 1 {
+            let name = format!("c{i}");
+            let (kind, mut decl) = match rng.below(10) {
+                0 => (Kind::Int4, "t.posint".to_string()),
+                1 => (Kind::Varchar(4), "t.short_nn".to_string()),
+                2 => (Kind::NumericTm(8, 2), "t.money2".to_string()),
+                _ => {
+                    let kind = payload_kind(rng);
+                    (kind, type_name(kind))
+                }
+            };
+            if matches!(kind, Kind::Text | Kind::Varchar(_)) && rng.chance(30) {
+                decl.push_str(&format!(" COLLATE {}", rng.pick(&COLLATIONS)));
+            }
+            if rng.chance(20) {
+                decl.push_str(" NOT NULL");
+            }
+            if rng.chance(25) {
+                decl.push_str(&format!(" DEFAULT {}", default_of(kind)));
+            }
+            if rng.chance(25) {
+                if let Some(check) = check_of(&name, kind) {
+                    decl.push(' ');
+                    decl.push_str(&check);
+                }
+            }
+            others.push(column(&name, kind, decl));
+        }
+        match rng.below(8) {
+            0 => others.push(Column { always: true, ..column("gen", Kind::Bool, "boolean GENERATED ALWAYS AS (version IS NULL) STORED".into()) }),
+            1 => others.push(Column { always: true, ..column("seq", Kind::Int4, "int4 GENERATED ALWAYS AS IDENTITY".into()) }),
+            2 => others.push(column("seq", Kind::Int8, "int8 GENERATED BY DEFAULT AS IDENTITY".into())),
+            _ => {}
+        }
+        if rng.chance(30) {
+            after.push("ALTER TABLE t.tab DROP COLUMN dropped".into());
+        }
+        if rng.chance(20) {
+            after.push("ALTER TABLE t.tab ADD CONSTRAINT tab_check CHECK (version IS NULL OR version::text <> '4')".into());
+        }
+        Table { pk, code, version, others, after }
+    }
+
+    /// The CREATE TABLE, with a column to drop afterwards (dropped columns leave holes the
+    /// direct path must skip).
+    pub fn create(&self) -> String {
+        let mut columns: Vec<String> = self.pk.iter().map(|c| format!("{} {}", c.name, c.decl)).collect();
+        columns.push("dropped int DEFAULT 5".into());
+        if let Some((c, _)) = &self.code {
+            columns.push(format!("{} {}", c.name, c.decl));
+        }
+        columns.push(format!("{} {}", self.version.name, self.version.decl));
+        columns.extend(self.others.iter().map(|c| format!("{} {}", c.name, c.decl)));
+        let pk: Vec<&str> = self.pk.iter().map(|c| c.name.as_str()).collect();
+        columns.push(format!("PRIMARY KEY ({})", pk.join(", ")));
+        format!("CREATE TABLE t.tab ({}) WITH (autovacuum_enabled = off)", columns.join(", "))
+    }
+
+    /// The statements that fill the table before the steps: each its own statement, so a
+    /// row one of the constraints refuses only loses that row.
+    pub fn rows(&self, rng: &mut Rng) -> Vec<String> {
+        let overriding = if self.pk[0].decl.contains("ALWAYS") { " OVERRIDING SYSTEM VALUE" } else { "" };
+        (0..rng.below(5))
+            .map(|_| {
+                let mut names = Vec::new();
+                let mut values = Vec::new();
+                for c in &self.pk {
+                    names.push(c.name.clone());
+                    values.push(literal(&key(c.kind, rng)));
+                }
+                if let Some((c, _)) = &self.code {
+                    names.push(c.name.clone());
+                    values.push(literal(&key(c.kind, rng)));
+                }
+                names.push("version".into());
+                values.push(if rng.chance(20) { "NULL".into() } else { literal(&version(self.version.kind, rng)) });
+                for c in self.others.iter().filter(|c| !c.always) {
+                    names.push(c.name.clone());
+                    values.push(literal(&valid(c.kind, rng)));
+                }
+                format!("INSERT INTO t.tab ({}){overriding} VALUES ({})", names.join(", "), values.join(", "))
+            })
+            .collect()
+    }
+}
+
+impl Column {
+    fn with_kind(mut self, kind: Kind) -> Column {
+        self.kind = kind;
+        self
+    }
+}
+
+/// An untyped SQL literal holding the value's text.
+pub fn literal(value: &Value) -> String {
+    match &value.text {
+        None => "NULL".into(),
+        Some(text) => quote_literal(text),
+    }
+}
+
+pub fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// A JSON object from members already written as JSON.
+pub fn object(members: &[(String, Value)]) -> String {
+    let inner: Vec<String> = members.iter().map(|(k, v)| format!("{}: {}", string(k).json, v.json)).collect();
+    format!("{{{}}}", inner.join(", "))
+}
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Claim { key: String, scope: String, payload: Option<String> },
+    ClaimMany { keys: Vec<String>, scope: String },
+    Update { key: String, changes: String },
+    Upsert { row: String },
+    /// A read in a concurrent case: it takes predicate locks, and takes the snapshot.
+    Read(String),
+    Begin,
+    Commit,
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// 0 for the one session of a sequential case; 1 or 2 in a concurrent case.
+    pub session: u8,
+    /// Run as the limited role diff_app instead of the superuser.
+    pub limited: bool,
+    pub op: Op,
+}
+
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub seed: u64,
+    pub index: u64,
+    /// Superuser statements run the same way in each database after its reset.
+    pub setup: Vec<String>,
+    /// Whether the ledger's definition changed, so the reset must recreate the extension.
+    pub ledger_changed: bool,
+    pub concurrent: bool,
+    pub steps: Vec<Step>,
+}
+
+/// Ledger variations, each a change a DBA may make (README, "Extending the ledger").
+const LEDGER_CHANGES: [&str; 10] = [
+    "CREATE UNIQUE INDEX ledger_extra ON idempotency.ledger (key_digest)",
+    "ALTER TABLE idempotency.ledger ALTER claimed_at SET DEFAULT '2001-02-03 04:05:06+00'",
+    "ALTER TABLE idempotency.ledger ALTER claimed_at SET DEFAULT now()",
+    "ALTER TABLE idempotency.ledger ALTER fingerprint SET DEFAULT '00000000-0000-0000-0000-0000000000ff'",
+    "ALTER TABLE idempotency.ledger ALTER result SET DEFAULT '{\"d\": 1}'",
+    "ALTER TABLE idempotency.ledger ADD COLUMN note text DEFAULT 'n'",
+    "ALTER TABLE idempotency.ledger DROP CONSTRAINT ledger_pkey, ADD CONSTRAINT ledger_key UNIQUE (key_digest)",
+    "ALTER TABLE idempotency.ledger DROP CONSTRAINT ledger_pkey",
+    "ALTER TABLE idempotency.ledger ADD CONSTRAINT ledger_tableoid CHECK (tableoid <> 0)",
+    "CREATE UNIQUE INDEX ledger_partial ON idempotency.ledger (key_digest) WHERE scope_id <> 0",
+];
+
+/// What diff_app may do with the ledger.
+const LEDGER_GRANTS: [&str; 4] = [
+    "GRANT SELECT, INSERT ON idempotency.ledger TO diff_app",
+    "GRANT INSERT ON idempotency.ledger TO diff_app",
+    "GRANT SELECT (key_digest), INSERT (key_digest, scope_id) ON idempotency.ledger TO diff_app",
+    "GRANT SELECT ON idempotency.ledger TO diff_app",
+];
+
+const CLAIM_KEYS: [&str; 7] = ["k1", "k2", "k3", "K1", "order-42:paid", "ü", ""];
+const SCOPES: [&str; 3] = ["default", "billing", "ß"];
+
+fn claim_key(rng: &mut Rng) -> String {
+    // Empty keys are refused (22023) by idem_digest and the claim alike; keep them rare.
+    if rng.chance(3) { String::new() } else { rng.pick(&CLAIM_KEYS[..6]).to_string() }
+}
+
+/// The payload a key is claimed with: a function of the key, so that the reference (which
+/// never compares fingerprints) and the claim (which raises ID001 on a mismatch) agree.
+fn payload_of(key: &str) -> String {
+    format!("{{\"key\": {}, \"n\": 1.0}}", string(key).json)
+}
+
+impl Case {
+    pub fn generate(seed: u64, index: u64) -> Case {
+        let mut rng = Rng::for_case(seed, index);
+        if rng.chance(15) {
+            return Case::concurrent(seed, index, rng);
+        }
+        let table = Table::generate(&mut rng);
+        let mut setup = vec![DOMAINS.to_string(), table.create()];
+        setup.extend(table.after.iter().cloned());
+        setup.extend(table.rows(&mut rng));
+        if rng.chance(25) {
+            setup.push("ALTER TABLE t.tab ADD COLUMN late text DEFAULT 'late'".into());
+        }
+        let mut ledger_changed = false;
+        let mut fingerprint_default = false;
+        for _ in 0..(if rng.chance(35) { rng.below(2) + 1 } else { 0 }) {
+            let change = rng.pick(&LEDGER_CHANGES);
+            fingerprint_default |= change.contains("fingerprint");
+            ledger_changed = true;
+            setup.push(change.to_string());
+        }
+        let limited = rng.chance(30);
+        if limited {
+            setup.push("GRANT USAGE ON SCHEMA t, idempotency TO diff_app".into());
+            setup.push(rng.pick(&LEDGER_GRANTS).to_string());
+            setup.push(table_grants(&table, &mut rng));
+        }
+        let steps = (0..rng.below(6) + 2)
+            .map(|_| Step {
+                session: 0,
+                limited: limited && rng.chance(70),
+                op: sequential_op(&table, fingerprint_default, &mut rng),
+            })
+            .collect();
+        Case { seed, index, setup, ledger_changed, concurrent: false, steps }
+    }
+
+    /// Two SERIALIZABLE transactions over overlapping keys and rows. No step ever waits for
+    /// the other session: a key or row one open transaction wrote is only read by the other
+    /// until the writer ends, so the steps run in order on two connections.
+    fn concurrent(seed: u64, index: u64, mut rng: Rng) -> Case {
+        let setup = vec![
+            "CREATE TABLE t.tab (id int4 PRIMARY KEY, val text, version int4) WITH (autovacuum_enabled = off)".to_string(),
+            "INSERT INTO t.tab VALUES (1, 'one', 1), (2, 'two', 1), (3, 'three', NULL)".to_string(),
+            "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at) \
+             VALUES (idem_digest('k1', 'default'), idem_scope_id('default'), '2000-01-01')".to_string(),
+        ];
+        let mut steps = vec![
+            Step { session: 1, limited: false, op: Op::Begin },
+            Step { session: 2, limited: false, op: Op::Begin },
+        ];
+        // Per session: open?, the claim keys and row ids it wrote.
+        let mut open = [true, true];
+        let mut wrote: [Vec<String>; 2] = [Vec::new(), Vec::new()];
+        let keys = ["k1", "k2", "k3"];
+        while open.iter().any(|&o| o) {
+            let s = if open[0] && open[1] { rng.below(2) } else if open[0] { 0 } else { 1 };
+            let other = 1 - s;
+            let busy = |thing: &String| open[other] && wrote[other].contains(thing);
+            let op = match rng.below(9) {
+                0 if wrote[s].len() + 1 >= 2 || rng.chance(30) => {
+                    open[s] = false;
+                    Op::Commit
+                }
+                1 | 2 => {
+                    let key = rng.pick(&keys).to_string();
+                    if busy(&key) {
+                        Op::Read(read_claim(&key))
+                    } else {
+                        wrote[s].push(key.clone());
+                        Op::Claim { key, scope: "default".into(), payload: None }
+                    }
+                }
+                3 => Op::Read(read_claim(rng.pick(&keys))),
+                4 | 5 => {
+                    let id = (rng.below(4) + 1).to_string();
+                    if busy(&id) {
+                        Op::Read(format!("SELECT version FROM t.tab WHERE id = {id}"))
+                    } else {
+                        wrote[s].push(id.clone());
+                        let version = rng.below(4) + 1;
+                        if rng.chance(50) {
+                            Op::Update { key: format!("{{\"id\": {id}}}"), changes: format!("{{\"val\": \"s{s}\", \"version\": {version}}}") }
+                        } else {
+                            Op::Upsert { row: format!("{{\"id\": {id}, \"val\": \"u{s}\", \"version\": {version}}}") }
+                        }
+                    }
+                }
+                6 => Op::Read("SELECT count(*) FROM t.tab WHERE version > 1".into()),
+                _ => Op::Read(format!("SELECT val FROM t.tab WHERE id = {}", rng.below(4) + 1)),
+            };
+            steps.push(Step { session: s as u8 + 1, limited: false, op });
+        }
+        Case { seed, index, setup, ledger_changed: false, concurrent: true, steps }
+    }
+}
+
+fn read_claim(key: &str) -> String {
+    format!("SELECT count(*) FROM idempotency.ledger WHERE key_digest = idem_digest({}, 'default')", quote_literal(key))
+}
+
+/// Column grants on t.tab: some columns readable, some writable, so that some writes are
+/// refused for one column only.
+fn table_grants(table: &Table, rng: &mut Rng) -> String {
+    let mut all: Vec<&Column> = table.pk.iter().collect();
+    all.extend(table.code.iter().map(|(c, _)| c));
+    all.push(&table.version);
+    all.extend(table.others.iter());
+    let pick = |rng: &mut Rng| -> Vec<String> {
+        all.iter().filter(|_| rng.chance(80)).map(|c| c.name.clone()).collect::<Vec<_>>()
+    };
+    let mut grants = Vec::new();
+    for privilege in ["SELECT", "UPDATE", "INSERT"] {
+        let columns = pick(rng);
+        if !columns.is_empty() {
+            grants.push(format!("GRANT {privilege} ({}) ON t.tab TO diff_app", columns.join(", ")));
+        }
+    }
+    if grants.is_empty() {
+        grants.push("GRANT SELECT ON t.tab TO diff_app".into());
+    }
+    grants.join(";\n")
+}
+
+/// A value for a changed column: mostly one it takes, sometimes one at its edge, but at most
+/// one edge per call (`wild_left`): which of two refused values is reported first is a
+/// separate question, left out here.
+fn change_value(c: &Column, rng: &mut Rng, wild_left: &mut bool) -> Value {
+    if *wild_left && rng.chance(20) {
+        *wild_left = false;
+        wild(c.kind, rng)
+    } else {
+        valid(c.kind, rng)
+    }
+}
+
+/// Whether a GENERATED ALWAYS column (refused by the statement with 428C9) may be written:
+/// it counts as the call's one refused value.
+fn take_always(c: &Column, rng: &mut Rng, wild_left: &mut bool) -> bool {
+    if !c.always {
+        return rng.chance(50);
+    }
+    let take = *wild_left && rng.chance(10);
+    *wild_left &= !take;
+    take
+}
+
+fn sequential_op(table: &Table, fingerprint_default: bool, rng: &mut Rng) -> Op {
+    let mut wild_left = true;
+    match rng.below(20) {
+        0..=4 => {
+            let key = claim_key(rng);
+            let payload = (!fingerprint_default && rng.chance(40)).then(|| payload_of(&key));
+            Op::Claim { key, scope: rng.pick(&SCOPES).to_string(), payload }
+        }
+        5..=6 => {
+            let keys = (0..rng.below(5) + 1).map(|_| rng.pick(&CLAIM_KEYS[..6]).to_string()).collect();
+            Op::ClaimMany { keys, scope: rng.pick(&SCOPES).to_string() }
+        }
+        7..=15 => {
+            // By the primary key, or by the alternate key when a plain unique index makes it one.
+            let by_code = matches!(&table.code, Some((_, true))) && rng.chance(40);
+            let key_columns: Vec<&Column> = if by_code { vec![&table.code.as_ref().unwrap().0] } else { table.pk.iter().collect() };
+            let key_members: Vec<(String, Value)> = key_columns.iter().map(|c| (c.name.clone(), key(c.kind, rng))).collect();
+            let mut changeable: Vec<&Column> = table.others.iter().collect();
+            if by_code {
+                changeable.extend(table.pk.iter());
+            } else if let Some((c, _)) = &table.code {
+                changeable.push(c);
+            }
+            changeable.retain(|c| take_always(c, rng, &mut wild_left));
+            let mut changes: Vec<(String, Value)> = changeable
+                .iter()
+                .map(|c| {
+                    let value = if key_columns.iter().any(|k| k.name == c.name) || table.pk.iter().any(|k| k.name == c.name) {
+                        key(c.kind, rng)
+                    } else {
+                        change_value(c, rng, &mut wild_left)
+                    };
+                    (c.name.clone(), value)
+                })
+                .collect();
+            let version = if wild_left && rng.chance(8) { wild(table.version.kind, rng) } else { version(table.version.kind, rng) };
+            // A NULL version is refused by the function (22004) and not by the statement.
+            let version = if version.text.is_none() { number(1) } else { version };
+            changes.push(("version".into(), version));
+            Op::Update { key: object(&key_members), changes: object(&changes) }
+        }
+        _ => {
+            // An explicit value for a GENERATED ALWAYS primary key is refused (428C9).
+            wild_left &= !table.pk.iter().any(|c| c.always);
+            let mut row: Vec<(String, Value)> = table.pk.iter().map(|c| (c.name.clone(), key(c.kind, rng))).collect();
+            if let Some((c, _)) = &table.code {
+                if rng.chance(60) {
+                    row.push((c.name.clone(), key(c.kind, rng)));
+                }
+            }
+            for c in &table.others {
+                // A NOT NULL domain's column left out is NULL, refused (23502) like a value.
+                if c.decl.starts_with("t.short_nn") || take_always(c, rng, &mut wild_left) {
+                    row.push((c.name.clone(), change_value(c, rng, &mut wild_left)));
+                }
+            }
+            let version = version(table.version.kind, rng);
+            row.push(("version".into(), version));
+            Op::Upsert { row: object(&row) }
+        }
+    }
+}

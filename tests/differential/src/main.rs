@@ -1,0 +1,262 @@
+//! Differential tester of the idempotency extension: each random case runs three ways, and
+//! the three must be indistinguishable.
+//!
+//! - **direct**: the extension's calls with `SET idempotency.direct_writes = on` (writes
+//!   through the heap and index access methods, without SPI, where the table allows it);
+//! - **statement**: the same calls with `idempotency.direct_writes = off` (each write as its
+//!   SQL statement through SPI);
+//! - **hand**: the SQL a user would write instead, the fixed references below.
+//!
+//! Each way has its own database (`differential_direct`, `differential_statement`,
+//! `differential_hand`): the ledger is one table per database, so claims cannot share one.
+//! Every case starts each database afresh (schema `t` recreated, the ledger emptied, or the
+//! extension recreated when the case changed the ledger's definition).
+//!
+//! References:
+//! - `idem_claim(key, scope[, payload])` is `INSERT INTO idempotency.ledger (key_digest,
+//!   scope_id[, fingerprint]) VALUES (idem_digest(key, scope), idem_scope_id(scope)[,
+//!   idem_fingerprint(payload)]) ON CONFLICT (key_digest) DO NOTHING`, true iff it inserted a
+//!   row; the fingerprint column is named only when a payload is given. Payloads are a
+//!   function of the key, so the extension's ID001 never fires where the reference cannot.
+//! - `idem_claim_many(keys, scope)` is that INSERT once per distinct key, in digest order;
+//!   element i is true when keys\[i\] is its first occurrence and was inserted.
+//! - `idem_versioned_update(t, key, changes, version)` is `UPDATE t SET col = 'value'::type, …
+//!   WHERE keycol = 'value'::type AND … AND (version IS NULL OR version < 'new'::type)`, true
+//!   when a row changed. `type` is the column's type without its typmod (numeric, not
+//!   numeric(10,0); assignment applies the typmod to SET values), qualified and quoted, so
+//!   `"pg_catalog"."bit"` means any length as the extension's cast does, not bit(1). A value's
+//!   literal text is a JSON string's contents or a number's or boolean's text (json and
+//!   jsonb columns: the JSON itself); JSON null is NULL.
+//! - `idem_versioned_upsert(t, row, version)` is `INSERT INTO t AS t (cols) VALUES (literals)
+//!   ON CONFLICT (primary key) DO UPDATE SET col = EXCLUDED.col, … WHERE t.version IS NULL OR
+//!   t.version < EXCLUDED.version`.
+//!
+//! A sequential step runs in its own transaction: `BEGIN`, the setting, `SET LOCAL ROLE
+//! diff_app` for steps of a role with only some column grants, `SAVEPOINT`, the call (rolled
+//! back to the savepoint when it fails), then — still inside the transaction — whether it
+//! has an xid and its pg_stat_xact_user_tables counts, and `COMMIT`. After the commit the
+//! superuser reads every row of t.tab and of the ledger (claim times as the step that made
+//! them), n_live_tup and n_dead_tup, and amcheck's `bt_index_check(index, true)` of every
+//! btree index. An error is compared field by field (SQLSTATE, message, detail, hint,
+//! schema, table, column, datatype, constraint, severity) and by CONTEXT, which may only
+//! gain lines naming the extension's own function; the two ways of the extension must give
+//! the same CONTEXT whole. Scan counts are not compared: the planner may choose either.
+//!
+//! A concurrent case runs two SERIALIZABLE transactions on two connections per way,
+//! interleaving claims, versioned writes and reads of overlapping keys and rows so that
+//! neither ever waits for the other, and compares every answer, each COMMIT's outcome
+//! (40001 or not) and the final state.
+//!
+//! Known-open differences are failures unless named with `--allow`:
+//! - `lazy-coercion`: the statement path coerces a value when its statement executes (a
+//!   `SET` only for a matching row, and after the permission check), while the direct path
+//!   and the hand-written literals coerce every value up front: a value its column refuses
+//!   is a 22xxx/23xxx error one way, and `false` (no row, or a stale version) or 42501 the
+//!   other.
+//! - `domain-coercion`: the other way round for domains: a literal cast to a domain is
+//!   checked when the hand-written statement evaluates it, so for a row that does not match
+//!   the reference answers `false` where the extension (both paths) refuses the value with
+//!   the domain's 23xxx error.
+
+mod case;
+mod rng;
+mod run;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use case::Case;
+use run::{Db, Trace, Way};
+
+/// The difference classes `--allow` may name.
+const KNOWN_OPEN: [&str; 2] = ["lazy-coercion", "domain-coercion"];
+
+struct Options {
+    seed: u64,
+    cases: Option<u64>,
+    seconds: Option<u64>,
+    only: Option<u64>,
+    allow: Vec<String>,
+    /// How many failing cases to print whole; the rest get one line each.
+    show: u32,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: differential [--seed N] [--cases N] [--seconds N] [--case I] [--show N] [--allow CLASS]\n\
+         --case I replays case I of the seed alone and prints its SQL for each way"
+    );
+    std::process::exit(2)
+}
+
+fn options() -> Options {
+    let mut o = Options { seed: 0, cases: None, seconds: None, only: None, allow: Vec::new(), show: 5 };
+    let mut seeded = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut number = || args.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or_else(|| usage());
+        match arg.as_str() {
+            "--seed" => {
+                o.seed = number();
+                seeded = true;
+            }
+            "--cases" => o.cases = Some(number()),
+            "--seconds" => o.seconds = Some(number()),
+            "--case" => o.only = Some(number()),
+            "--show" => o.show = number() as u32,
+            "--allow" => {
+                let class = args.next().unwrap_or_else(|| usage());
+                if !KNOWN_OPEN.contains(&class.as_str()) {
+                    usage();
+                }
+                o.allow.push(class);
+            }
+            _ => usage(),
+        }
+    }
+    if !seeded {
+        o.seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+    }
+    if o.cases.is_none() && o.seconds.is_none() {
+        o.cases = Some(200);
+    }
+    o
+}
+
+/// One label on which the ways disagree.
+struct Difference {
+    label: String,
+    values: [Option<String>; 3],
+}
+
+fn differences(traces: &[Trace; 3]) -> Vec<Difference> {
+    let mut labels: Vec<&String> = traces.iter().flat_map(|t| t.keys()).collect();
+    labels.sort();
+    labels.dedup();
+    labels
+        .into_iter()
+        .filter_map(|label| {
+            let values = [0, 1, 2].map(|i| traces[i].get(label).map(|o| o.value.clone()));
+            let extension_only = traces.iter().any(|t| t.get(label).is_some_and(|o| o.extension_only));
+            let differ = if extension_only { values[0] != values[1] } else { values[0] != values[1] || values[1] != values[2] };
+            differ.then(|| Difference { label: label.clone(), values })
+        })
+        .collect()
+}
+
+/// The known-open class every differing step belongs to, or None when one does not.
+fn known_open(traces: &[Trace; 3], found: &[Difference]) -> Option<Vec<&'static str>> {
+    let get = |way: usize, step: &str, what: &str| traces[way].get(&format!("{step} {what}")).map(|o| o.value.clone());
+    let mut classes = Vec::new();
+    let mut steps: Vec<&str> = found.iter().map(|d| &d.label[..2]).collect();
+    steps.dedup();
+    for step in steps {
+        let in_step = || found.iter().filter(|d| &d.label[..2] == step && !d.label.ends_with("(whole)"));
+        let direct_as = |way: usize| in_step().all(|d| d.values[0] == d.values[way]);
+        let class_of = |code: Option<String>, classes: &[&str]| code.is_some_and(|c| classes.iter().any(|k| c.starts_with(k)));
+        let hand_refused = class_of(get(2, step, "error sqlstate"), &["22", "23"]);
+        let statement_late = get(1, step, "result").as_deref() == Some("f") || get(1, step, "error sqlstate").as_deref() == Some("42501");
+        let extension_refused_domain = (0..2).all(|way| {
+            class_of(get(way, step, "error sqlstate"), &["23"]) && get(way, step, "error datatype").is_some_and(|t| t != "-")
+        });
+        if hand_refused && statement_late && (direct_as(1) || direct_as(2)) {
+            classes.push("lazy-coercion");
+        } else if get(2, step, "result").is_some() && extension_refused_domain {
+            classes.push("domain-coercion");
+        } else {
+            return None;
+        }
+    }
+    classes.dedup();
+    Some(classes)
+}
+
+fn print_case(case: &Case, scripts: &[Vec<String>; 3]) {
+    println!("-- replay: cargo run -q --release -p idempotency-differential -- --seed {} --case {}", case.seed, case.index);
+    println!("-- setup, in each database after `DROP SCHEMA t CASCADE; CREATE SCHEMA t;` and an empty ledger:");
+    for sql in &case.setup {
+        println!("{sql};");
+    }
+    for (way, script) in Way::ALL.iter().zip(scripts) {
+        println!("-- way {}:", way.name());
+        for step in script {
+            println!("{step}");
+            if !case.concurrent {
+                println!("COMMIT;");
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let o = options();
+    println!("differential: seed {}", o.seed);
+    let mut dbs = Vec::new();
+    for way in Way::ALL {
+        match Db::open(way) {
+            Ok(db) => dbs.push(db),
+            Err(e) => {
+                eprintln!("differential: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let started = Instant::now();
+    let (mut passed, mut failed, mut tolerated, mut printed) = (0u64, 0u64, 0u64, 0u32);
+    let indexes: Box<dyn Iterator<Item = u64>> = match o.only {
+        Some(i) => Box::new(std::iter::once(i)),
+        None => Box::new(0..),
+    };
+    for index in indexes {
+        if o.only.is_none()
+            && (o.cases.is_some_and(|n| index >= n) || o.seconds.is_some_and(|s| started.elapsed() >= Duration::from_secs(s)))
+        {
+            break;
+        }
+        let case = Case::generate(o.seed, index);
+        let mut scripts: [Vec<String>; 3] = Default::default();
+        let mut traces: Vec<Trace> = Vec::new();
+        for (db, script) in dbs.iter_mut().zip(scripts.iter_mut()) {
+            match db.run_case(&case, script) {
+                Ok(trace) => traces.push(trace),
+                Err(e) => {
+                    eprintln!("differential: case {index}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        let traces: [Trace; 3] = traces.try_into().unwrap_or_else(|_| unreachable!("one trace per way"));
+        let found = differences(&traces);
+        let known = if found.is_empty() { None } else { known_open(&traces, &found) };
+        let allowed = known.as_ref().is_some_and(|k| k.iter().all(|c| o.allow.iter().any(|a| a == c)));
+        let verdict = match &known {
+            _ if found.is_empty() => "no difference".to_string(),
+            Some(classes) => format!("differs (known-open: {})", classes.join(", ")),
+            None => "differs".to_string(),
+        };
+        if found.is_empty() {
+            passed += 1;
+        } else if allowed {
+            tolerated += 1;
+        } else {
+            failed += 1;
+        }
+        if (!found.is_empty() && !allowed && printed < o.show) || o.only.is_some() {
+            printed += 1;
+            println!("== case {index}: {verdict}");
+            print_case(&case, &scripts);
+            for d in &found {
+                println!("-- {}:", d.label);
+                for (way, v) in Way::ALL.iter().zip(&d.values) {
+                    println!("--   {:<9} {}", way.name(), v.as_deref().unwrap_or("(absent)").replace('\n', "\n--             "));
+                }
+            }
+        } else if !found.is_empty() && !allowed {
+            println!("== case {index}: {verdict} at {}; replay with --seed {} --case {index}", found[0].label, o.seed);
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let allowed = if tolerated > 0 { format!(", {tolerated} known-open allowed ({})", o.allow.join(", ")) } else { String::new() };
+    println!("differential: {passed} passed, {failed} failed{allowed} (seed {}, {elapsed:.1} s)", o.seed);
+    if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}

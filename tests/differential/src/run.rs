@@ -1,0 +1,512 @@
+//! Runs a case in three databases and records everything observable about each step.
+
+use std::collections::BTreeMap;
+use std::env;
+
+use postgres::error::DbError;
+use postgres::{Client, Config, NoTls, SimpleQueryMessage};
+
+use crate::case::{quote_literal, Case, Op, Step};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Way {
+    Direct,
+    Statement,
+    Hand,
+}
+
+impl Way {
+    pub const ALL: [Way; 3] = [Way::Direct, Way::Statement, Way::Hand];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Way::Direct => "direct",
+            Way::Statement => "statement",
+            Way::Hand => "hand",
+        }
+    }
+
+    fn setting(self) -> Option<&'static str> {
+        match self {
+            Way::Direct => Some("on"),
+            Way::Statement => Some("off"),
+            Way::Hand => None,
+        }
+    }
+}
+
+/// What one way observed: "NN what" → value, so traces line up step by step.
+pub type Trace = BTreeMap<String, Observed>;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub value: String,
+    /// Compared between the two ways of the extension only (the raw CONTEXT).
+    pub extension_only: bool,
+}
+
+/// The connections of one way: `main` runs the steps (session 1), `second` is session 2 of a
+/// concurrent case, and `aux` resets, prepares the hand-written SQL and observes as the
+/// superuser, so that nothing it does touches the sessions' transactions or snapshots.
+pub struct Db {
+    pub way: Way,
+    dbname: String,
+    main: Client,
+    second: Client,
+    aux: Client,
+    /// The ledger's definition was changed by the last case.
+    ledger_changed: bool,
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
+}
+
+/// A connection from the libpq environment (pg_virtualenv sets it).
+pub fn connect(dbname: &str) -> Result<Client, String> {
+    let mut config = Config::new();
+    for host in env_or("PGHOST", "127.0.0.1").split(',') {
+        config.host(host);
+    }
+    config.port(env_or("PGPORT", "5432").parse().map_err(|_| "PGPORT is not a port number".to_string())?);
+    config.user(&env_or("PGUSER", "postgres"));
+    if let Ok(password) = env::var("PGPASSWORD") {
+        config.password(password);
+    }
+    config.dbname(dbname);
+    config.application_name("differential");
+    // Every step runs in UTC with ISO dates so that the three ways print values alike; the
+    // timeouts turn a step that waits by mistake into an error all ways report alike.
+    config.options("-c TimeZone=UTC -c DateStyle=ISO -c lock_timeout=3s -c statement_timeout=60s");
+    config.connect(NoTls).map_err(|e| format!("cannot connect to {dbname}: {e}"))
+}
+
+/// The first value of the first row, or the rows a command affected.
+enum Answer {
+    Value(Option<String>),
+    Rows(u64),
+}
+
+fn run(client: &mut Client, sql: &str) -> Result<Answer, postgres::Error> {
+    let messages = client.simple_query(sql)?;
+    for message in &messages {
+        if let SimpleQueryMessage::Row(row) = message {
+            return Ok(Answer::Value(row.get(0).map(str::to_string)));
+        }
+    }
+    let rows = messages.iter().rev().find_map(|m| if let SimpleQueryMessage::CommandComplete(n) = m { Some(*n) } else { None });
+    Ok(Answer::Rows(rows.unwrap_or(0)))
+}
+
+/// Every row, each value as text (NULL as None).
+fn rows(client: &mut Client, sql: &str) -> Result<Vec<Vec<Option<String>>>, postgres::Error> {
+    Ok(client
+        .simple_query(sql)?
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some((0..row.len()).map(|i| row.get(i).map(str::to_string)).collect()),
+            _ => None,
+        })
+        .collect())
+}
+
+fn value(client: &mut Client, sql: &str) -> Result<String, postgres::Error> {
+    match run(client, sql)? {
+        Answer::Value(v) => Ok(v.unwrap_or_else(|| "NULL".into())),
+        Answer::Rows(n) => Ok(format!("({n} rows)")),
+    }
+}
+
+/// The extension's function names: a CONTEXT line naming one is the only line the
+/// extension's call may add to what the hand-written statement reports.
+const OWN_FUNCTIONS: [&str; 4] = ["idem_claim", "idem_claim_many", "idem_versioned_update", "idem_versioned_upsert"];
+
+impl Db {
+    pub fn open(way: Way) -> Result<Db, String> {
+        let dbname = format!("differential_{}", way.name());
+        let mut admin = connect(&env_or("PGDATABASE", "postgres"))?;
+        // One statement each: DROP and CREATE DATABASE refuse to run in a multi-statement query.
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {dbname} WITH (FORCE)"),
+            format!("CREATE DATABASE {dbname} TEMPLATE template0 ENCODING 'UTF8'"),
+            "DO $$ BEGIN CREATE ROLE diff_app; EXCEPTION WHEN duplicate_object THEN NULL; END $$".to_string(),
+        ] {
+            admin.batch_execute(&sql).map_err(|e| format!("creating {dbname}: {}", describe(&e)))?;
+        }
+        let mut aux = connect(&dbname)?;
+        aux.batch_execute(
+            "CREATE EXTENSION amcheck; CREATE EXTENSION idempotency;
+             CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+        )
+        .map_err(|e| format!("preparing {dbname}: {}", describe(&e)))?;
+        Ok(Db { way, main: connect(&dbname)?, second: connect(&dbname)?, aux, dbname, ledger_changed: false })
+    }
+
+    /// A backend that died (a crash restarts them all) is a finding; the next case needs new ones.
+    fn reconnect_if_closed(&mut self) -> Result<(), String> {
+        if self.main.is_closed() || self.second.is_closed() || self.aux.is_closed() {
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            self.main = connect(&self.dbname)?;
+            self.second = connect(&self.dbname)?;
+            self.aux = connect(&self.dbname)?;
+            self.ledger_changed = true;
+        }
+        Ok(())
+    }
+
+    /// Each case starts from the same state in every database: no schema t, an empty ledger
+    /// as sql/schema.sql makes it, and diff_app without grants.
+    fn reset(&mut self) -> Result<(), String> {
+        let ledger = if self.ledger_changed {
+            "DROP EXTENSION idempotency CASCADE; CREATE EXTENSION idempotency;"
+        } else {
+            "TRUNCATE idempotency.ledger; REVOKE ALL ON idempotency.ledger FROM diff_app; REVOKE ALL ON SCHEMA idempotency FROM diff_app;"
+        };
+        self.aux
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS t CASCADE; {ledger} CREATE SCHEMA t"))
+            .map_err(|e| format!("resetting {}: {}", self.dbname, describe(&e)))
+    }
+
+    pub fn run_case(&mut self, case: &Case, script: &mut Vec<String>) -> Result<Trace, String> {
+        self.reconnect_if_closed()?;
+        self.reset()?;
+        self.ledger_changed = case.ledger_changed;
+        let mut trace = Trace::new();
+        let mut times = Vec::new();
+        for (i, sql) in case.setup.iter().enumerate() {
+            if let Err(e) = self.aux.batch_execute(sql) {
+                record(&mut trace, &format!("setup {i:02} error"), describe(&e), false);
+            }
+        }
+        // The setup's tuple counts reach the shared statistics before anything reads them.
+        let _ = self.aux.batch_execute("SELECT pg_stat_force_next_flush()");
+        if case.concurrent {
+            self.run_concurrent(case, &mut trace, &mut times, script);
+        } else {
+            for (n, step) in case.steps.iter().enumerate() {
+                self.run_step(n, step, &mut trace, &mut times, script);
+                self.observe(&format!("{n:02}"), &mut trace, &times);
+            }
+        }
+        self.reconnect_if_closed()?;
+        Ok(trace)
+    }
+
+    fn run_step(&mut self, n: usize, step: &Step, trace: &mut Trace, times: &mut Vec<String>, script: &mut Vec<String>) {
+        let label = format!("{n:02}");
+        let mut begin = String::from("BEGIN;");
+        if let Some(setting) = self.way.setting() {
+            begin.push_str(&format!(" SET LOCAL idempotency.direct_writes = {setting};"));
+        }
+        if step.limited {
+            begin.push_str(" SET LOCAL ROLE diff_app;");
+        }
+        let (statements, shape) = self.statements(&step.op);
+        script.push(format!("{begin}\nSAVEPOINT step;\n{};", statements.join(";\n")));
+        if let Err(e) = self.main.batch_execute(&begin) {
+            record(trace, &format!("{label} begin"), describe(&e), false);
+            return;
+        }
+        if let Ok(t) = value(&mut self.main, "SELECT now()::text") {
+            times.push(t);
+        }
+        let _ = self.main.batch_execute("SAVEPOINT step");
+        let outcome = execute(&mut self.main, &statements, &shape);
+        if outcome.is_err() {
+            let _ = self.main.batch_execute("ROLLBACK TO SAVEPOINT step");
+        }
+        record_outcome(trace, &label, outcome);
+        self.record_transaction(&label, true, trace);
+        match self.main.batch_execute("COMMIT") {
+            Ok(()) => {}
+            Err(e) => record(trace, &format!("{label} commit"), describe(&e), false),
+        }
+    }
+
+    /// Whether the transaction has an xid and what it did to each table, read inside it before
+    /// its COMMIT (pg_stat_xact_* counts only the current transaction).
+    fn record_transaction(&mut self, label: &str, main: bool, trace: &mut Trace) {
+        let client = if main { &mut self.main } else { &mut self.second };
+        let sql = "RESET ROLE; SELECT pg_current_xact_id_if_assigned() IS NOT NULL, \
+                   (SELECT string_agg(format('%s.%s ins=%s upd=%s del=%s hot_upd=%s', schemaname, relname, n_tup_ins, n_tup_upd, \
+                                             n_tup_del, n_tup_hot_upd), '; ' ORDER BY schemaname, relname) \
+                      FROM pg_stat_xact_user_tables WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger')), \
+                   pg_stat_force_next_flush()";
+        match client.simple_query(sql) {
+            Ok(messages) => {
+                for message in messages {
+                    if let SimpleQueryMessage::Row(row) = message {
+                        record(trace, &format!("{label} xid assigned"), row.get(0).unwrap_or("NULL").to_string(), false);
+                        record(trace, &format!("{label} xact stats"), row.get(1).unwrap_or("NULL").to_string(), false);
+                    }
+                }
+            }
+            Err(e) => record(trace, &format!("{label} xact stats"), describe(&e), false),
+        }
+    }
+
+    /// The committed state: every row of t.tab and of the ledger (claim times as the step
+    /// that made them), the live and dead tuple counts, and amcheck's verdict on every btree.
+    fn observe(&mut self, label: &str, trace: &mut Trace, times: &[String]) {
+        let rows = "SELECT (SELECT string_agg(r::text, E'\\n' ORDER BY r::text) FROM t.tab r) || E'\\n--\\n' || \
+                    coalesce((SELECT string_agg(l::text, E'\\n' ORDER BY l::text) FROM idempotency.ledger l), '')";
+        let mut state = value(&mut self.aux, rows).unwrap_or_else(|e| describe(&e));
+        // Newest first, so that a time is never replaced inside a longer one.
+        for (n, time) in times.iter().enumerate().rev() {
+            state = state.replace(time.as_str(), &format!("<now of step {n}>"));
+        }
+        record(trace, &format!("{label} rows"), state, false);
+        let counts = "SELECT string_agg(format('%s.%s live=%s dead=%s', schemaname, relname, n_live_tup, n_dead_tup), '; ' \
+                      ORDER BY schemaname, relname) FROM pg_stat_user_tables \
+                      WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger')";
+        record(trace, &format!("{label} tuples"), value(&mut self.aux, counts).unwrap_or_else(|e| describe(&e)), false);
+        let amcheck = "SELECT string_agg(c.relname || bt_index_check(i.indexrelid, true)::text, ', ' ORDER BY c.relname) \
+                       FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam \
+                       JOIN pg_namespace n ON n.oid = c.relnamespace \
+                       WHERE a.amname = 'btree' AND n.nspname IN ('t', 'idempotency') AND i.indisvalid";
+        record(trace, &format!("{label} amcheck"), value(&mut self.aux, amcheck).unwrap_or_else(|e| describe(&e)), false);
+    }
+
+    fn run_concurrent(&mut self, case: &Case, trace: &mut Trace, times: &mut Vec<String>, script: &mut Vec<String>) {
+        let mut aborted = [false, false];
+        for (n, step) in case.steps.iter().enumerate() {
+            let label = format!("{n:02}");
+            let session = step.session as usize - 1;
+            let (statements, shape) = match &step.op {
+                Op::Begin => {
+                    let mut begin = vec!["BEGIN ISOLATION LEVEL SERIALIZABLE".to_string()];
+                    if let Some(setting) = self.way.setting() {
+                        begin.push(format!("SET LOCAL idempotency.direct_writes = {setting}"));
+                    }
+                    // Takes the snapshot now, and names the claims this session makes.
+                    begin.push("SELECT now()::text".into());
+                    (begin, Shape::Value)
+                }
+                Op::Commit => {
+                    self.record_transaction(&label, session == 0, trace);
+                    (vec!["COMMIT".to_string()], Shape::Value)
+                }
+                op => self.statements(op),
+            };
+            script.push(format!("-- session {}\n{};", step.session, statements.join(";\n")));
+            let client = if session == 0 { &mut self.main } else { &mut self.second };
+            let outcome = execute(client, &statements, &shape);
+            if let (Op::Begin, Ok(time)) = (&step.op, &outcome) {
+                times.push(time.clone());
+                continue;
+            }
+            aborted[session] |= outcome.is_err();
+            record_outcome(trace, &format!("{label} session {}", step.session), outcome);
+        }
+        // Each session's counts, an aborted transaction's too, reach the shared statistics
+        // before they are read.
+        for client in [&mut self.main, &mut self.second] {
+            let _ = client.batch_execute("SELECT pg_stat_force_next_flush()");
+        }
+        self.observe("zz", trace, times);
+    }
+
+    /// The SQL of a step in this way, and how to read its answer.
+    fn statements(&mut self, op: &Op) -> (Vec<String>, Shape) {
+        let q = |s: &str| quote_literal(s);
+        match (self.way, op) {
+            (_, Op::Begin | Op::Commit) => unreachable!("only concurrent cases begin and commit, in run_concurrent"),
+            (_, Op::Read(sql)) => (vec![sql.clone()], Shape::Value),
+            (Way::Direct | Way::Statement, Op::Claim { key, scope, payload }) => {
+                let payload = payload.as_ref().map(|p| format!(", {}::jsonb", q(p))).unwrap_or_default();
+                (vec![format!("SELECT idem_claim({}, {}{payload})", q(key), q(scope))], Shape::Value)
+            }
+            (Way::Direct | Way::Statement, Op::ClaimMany { keys, scope }) => {
+                let keys: Vec<String> = keys.iter().map(|k| q(k)).collect();
+                (vec![format!("SELECT idem_claim_many(ARRAY[{}]::text[], {})", keys.join(", "), q(scope))], Shape::Value)
+            }
+            (Way::Direct | Way::Statement, Op::Update { key, changes }) => (
+                vec![format!("SELECT idem_versioned_update('t.tab', {}::jsonb, {}::jsonb, 'version')", q(key), q(changes))],
+                Shape::Value,
+            ),
+            (Way::Direct | Way::Statement, Op::Upsert { row }) => {
+                (vec![format!("SELECT idem_versioned_upsert('t.tab', {}::jsonb, 'version')", q(row))], Shape::Value)
+            }
+            (Way::Hand, Op::Claim { key, scope, payload }) => (vec![claim_insert(key, scope, payload.as_deref())], Shape::Inserted),
+            (Way::Hand, Op::ClaimMany { keys, scope }) => {
+                // Each distinct key once, in digest order, as the batch inserts them.
+                let list: Vec<String> = keys.iter().map(|k| q(k)).collect();
+                let sql = format!(
+                    "SELECT k FROM (SELECT DISTINCT k FROM unnest(ARRAY[{}]::text[]) k) d ORDER BY idem_digest(k, {scope})",
+                    list.join(", "),
+                    scope = q(scope)
+                );
+                let order = rows(&mut self.aux, &sql).unwrap_or_default();
+                let distinct: Vec<String> = order.into_iter().filter_map(|mut r| r.remove(0)).collect();
+                let statements = distinct.iter().map(|k| claim_insert(k, scope, None)).collect();
+                (statements, Shape::Batch { keys: keys.clone(), distinct })
+            }
+            (Way::Hand, Op::Update { key, changes }) => match self.hand_update(key, changes) {
+                Ok(sql) => (vec![sql], Shape::Changed),
+                Err(e) => (vec![format!("SELECT 'cannot write the reference: {}'", e.replace('\'', "''"))], Shape::Value),
+            },
+            (Way::Hand, Op::Upsert { row }) => match self.hand_upsert(row) {
+                Ok(sql) => (vec![sql], Shape::Changed),
+                Err(e) => (vec![format!("SELECT 'cannot write the reference: {}'", e.replace('\'', "''"))], Shape::Value),
+            },
+        }
+    }
+
+    /// Each member of `json` as a typed literal of its column: `'text'::type` with the
+    /// column's type without its typmod (assignment applies the typmod, as it does to the
+    /// extension's values), JSON null as NULL::type, json and jsonb columns the JSON itself.
+    fn literals(&mut self, json: &str) -> Result<Vec<(String, String)>, String> {
+        let sql = format!(
+            "SELECT quote_ident(m.k), \
+                    CASE WHEN jsonb_typeof(j -> m.k) = 'null' THEN 'NULL' \
+                         WHEN t.typname IN ('json', 'jsonb') THEN quote_literal((j -> m.k)::text) \
+                         ELSE quote_literal(j ->> m.k) END \
+                    || '::' || quote_ident(tn.nspname) || '.' || quote_ident(t.typname) \
+             FROM (SELECT {}::jsonb AS j) v, jsonb_object_keys(j) WITH ORDINALITY m(k, n) \
+             JOIN pg_attribute a ON a.attrelid = 't.tab'::regclass AND a.attname = m.k AND NOT a.attisdropped \
+             JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace tn ON tn.oid = t.typnamespace ORDER BY m.n",
+            quote_literal(json)
+        );
+        let found = rows(&mut self.aux, &sql).map_err(|e| describe(&e))?;
+        Ok(found.into_iter().filter_map(|r| Some((r.first()?.clone()?, r.get(1)?.clone()?))).collect())
+    }
+
+    fn hand_update(&mut self, key: &str, changes: &str) -> Result<String, String> {
+        let key = self.literals(key)?;
+        let changes = self.literals(changes)?;
+        let version = changes.iter().find(|(c, _)| c == "version").ok_or("no version")?.1.clone();
+        let set: Vec<String> = changes.iter().map(|(c, l)| format!("{c} = {l}")).collect();
+        let matches: Vec<String> = key.iter().map(|(c, l)| format!("{c} = {l}")).collect();
+        Ok(format!(
+            "UPDATE t.tab SET {} WHERE {} AND (version IS NULL OR version < {version})",
+            set.join(", "),
+            matches.join(" AND ")
+        ))
+    }
+
+    fn hand_upsert(&mut self, row: &str) -> Result<String, String> {
+        let row = self.literals(row)?;
+        let primary = value(
+            &mut self.aux,
+            "SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY array_position(i.indkey::int2[], a.attnum)) \
+             FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey::int2[]) \
+             WHERE i.indrelid = 't.tab'::regclass AND i.indisprimary",
+        )
+        .map_err(|e| describe(&e))?;
+        let keys: Vec<&str> = primary.split(", ").collect();
+        let set: Vec<String> =
+            row.iter().filter(|(c, _)| !keys.contains(&c.as_str())).map(|(c, _)| format!("{c} = EXCLUDED.{c}")).collect();
+        Ok(format!(
+            "INSERT INTO t.tab AS t ({}) VALUES ({}) ON CONFLICT ({primary}) DO UPDATE SET {} \
+             WHERE t.version IS NULL OR t.version < EXCLUDED.version",
+            row.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>().join(", "),
+            row.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join(", "),
+            set.join(", ")
+        ))
+    }
+}
+
+fn claim_insert(key: &str, scope: &str, payload: Option<&str>) -> String {
+    let (key, scope) = (quote_literal(key), quote_literal(scope));
+    match payload {
+        None => format!(
+            "INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest({key}, {scope}), idem_scope_id({scope})) \
+             ON CONFLICT (key_digest) DO NOTHING"
+        ),
+        Some(p) => format!(
+            "INSERT INTO idempotency.ledger (key_digest, scope_id, fingerprint) \
+             VALUES (idem_digest({key}, {scope}), idem_scope_id({scope}), idem_fingerprint({}::jsonb)) \
+             ON CONFLICT (key_digest) DO NOTHING",
+            quote_literal(p)
+        ),
+    }
+}
+
+/// How a step's statements answer, as the text the extension's function would return.
+enum Shape {
+    /// The first value of the first row.
+    Value,
+    /// One INSERT: "t" when it inserted a row.
+    Inserted,
+    /// One UPDATE or INSERT … ON CONFLICT DO UPDATE: "t" when it wrote a row.
+    Changed,
+    /// One INSERT per distinct key: the boolean[] idem_claim_many returns.
+    Batch { keys: Vec<String>, distinct: Vec<String> },
+}
+
+fn execute(client: &mut Client, statements: &[String], shape: &Shape) -> Result<String, postgres::Error> {
+    let mut answers = Vec::new();
+    for sql in statements {
+        answers.push(run(client, sql)?);
+    }
+    let written = |a: &Answer| matches!(a, Answer::Rows(n) if *n > 0);
+    Ok(match shape {
+        Shape::Value => match answers.last() {
+            Some(Answer::Value(v)) => v.clone().unwrap_or_else(|| "NULL".into()),
+            Some(Answer::Rows(n)) => format!("({n} rows)"),
+            None => String::new(),
+        },
+        Shape::Inserted | Shape::Changed => if answers.first().is_some_and(written) { "t" } else { "f" }.to_string(),
+        Shape::Batch { keys, distinct } => {
+            let new: Vec<&String> = distinct.iter().zip(&answers).filter(|(_, a)| written(a)).map(|(k, _)| k).collect();
+            let flags: Vec<&str> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| if keys.iter().position(|x| x == k) == Some(i) && new.contains(&k) { "t" } else { "f" })
+                .collect();
+            format!("{{{}}}", flags.join(","))
+        }
+    })
+}
+
+fn record(trace: &mut Trace, label: &str, value: String, extension_only: bool) {
+    trace.insert(label.to_string(), Observed { value, extension_only });
+}
+
+fn record_outcome(trace: &mut Trace, label: &str, outcome: Result<String, postgres::Error>) {
+    match outcome {
+        Ok(v) => record(trace, &format!("{label} result"), v, false),
+        Err(e) => match e.as_db_error() {
+            Some(db) => record_error(trace, label, db),
+            None => record(trace, &format!("{label} error"), e.to_string(), false),
+        },
+    }
+}
+
+/// Every field a driver reads, but the position and the server's source location. CONTEXT is
+/// compared without the lines naming the extension's own functions, and whole between the
+/// two ways of the extension.
+fn record_error(trace: &mut Trace, label: &str, e: &DbError) {
+    let fields: [(&str, Option<&str>); 10] = [
+        ("sqlstate", Some(e.code().code())),
+        ("message", Some(e.message())),
+        ("detail", e.detail()),
+        ("hint", e.hint()),
+        ("schema", e.schema()),
+        ("table", e.table()),
+        ("column", e.column()),
+        ("datatype", e.datatype()),
+        ("constraint", e.constraint()),
+        ("severity", Some(e.severity())),
+    ];
+    for (name, v) in fields {
+        let mut v = v.unwrap_or("-").to_string();
+        // A serialization failure's detail names the pivot's xid, which differs per database.
+        if name == "detail" && e.code().code() == "40001" {
+            v = v.split(|c: char| c.is_ascii_digit()).filter(|p| !p.is_empty()).collect::<Vec<_>>().join("N");
+        }
+        record(trace, &format!("{label} error {name}"), v, false);
+    }
+    let context = e.where_().unwrap_or("");
+    let own = |line: &&str| OWN_FUNCTIONS.iter().any(|f| line.contains(f));
+    let shared: Vec<&str> = context.lines().filter(|l| !own(l)).collect();
+    record(trace, &format!("{label} error context"), shared.join("\n"), false);
+    record(trace, &format!("{label} error context (whole)"), context.to_string(), true);
+}
+
+pub fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
