@@ -139,13 +139,18 @@ impl Ledger {
                 close();
                 return Ok(None);
             }
-            let target = ledger_permissions((*rel).rd_id, columns, |p| -> Result<Target> {
+            // The statement finds its arbiters when it is planned, before its privileges are
+            // checked: without one it is the statement's 42P10, whatever the role may do.
+            let opened = ledger_permissions((*rel).rd_id, columns, |p| -> Result<Option<(Target, *mut pg_sys::List)>> {
+                let target = Target::begin(rel, p)?;
+                let Some(arbiters) = target.arbiters(&[attnum(KEY_DIGEST)]) else {
+                    target.finish()?;
+                    return Ok(None);
+                };
                 p.check(rel)?;
-                Ok(Target::begin(rel, p)?)
+                Ok(Some((target, arbiters)))
             })?;
-            let Some(arbiters) = target.arbiters(&[attnum(KEY_DIGEST)]) else {
-                // No unique index on key_digest alone: the statement raises 42P10.
-                target.finish()?;
+            let Some((target, arbiters)) = opened else {
                 close();
                 return Ok(None);
             };

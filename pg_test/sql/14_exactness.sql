@@ -44,6 +44,11 @@ SELECT same_error($$SELECT idem_versioned_update('exact_stock', '{"id": 1}', '{"
                   $$UPDATE exact_stock SET label = NULL::required_text, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS not_null_domain;
 SELECT same_error($$SELECT idem_versioned_update('exact_stock', '{"id": 1}', '{"qty": null, "version": 2}')$$,
                   $$UPDATE exact_stock SET qty = NULL::checked_qty, version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS checked_domain;
+-- A domain's own checks run when the row is written, as for the hand-written statement:
+-- no row, no domain error.
+SELECT idem_versioned_update('exact_stock', '{"id": 99}', '{"qty": null, "version": 9}') AS no_row_no_domain_check;
+WITH u AS (UPDATE exact_stock SET qty = NULL::checked_qty, version = 9 WHERE id = 99 AND (version IS NULL OR version < 9) RETURNING 1)
+SELECT count(*) AS hand_written FROM u;
 SELECT * FROM exact_stock;
 
 -- 2. A second unique index on the ledger's key_digest, as REINDEX CONCURRENTLY builds one:
@@ -102,6 +107,17 @@ ALTER TABLE idempotency.ledger DROP CONSTRAINT ledger_key;
 SELECT * FROM error_fields($$SELECT idem_claim('no-key')$$);
 SELECT same_error($$SELECT idem_claim('no-key')$$,
                   $$INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('no-key'), idem_scope_id('default')) ON CONFLICT (key_digest) DO NOTHING$$) AS no_unique_index;
+-- The arbiter is missing before any privilege is checked, as when the statement is planned.
+CREATE ROLE insert_only;
+GRANT USAGE ON SCHEMA idempotency TO insert_only;
+GRANT INSERT ON idempotency.ledger TO insert_only;
+SET ROLE insert_only;
+SELECT same_error($$SELECT idem_claim('no-key')$$,
+                  $$INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('no-key'), idem_scope_id('default')) ON CONFLICT (key_digest) DO NOTHING$$) AS no_unique_index_before_privileges;
+RESET ROLE;
+REVOKE ALL ON idempotency.ledger FROM insert_only;
+REVOKE ALL ON SCHEMA idempotency FROM insert_only;
+DROP ROLE insert_only;
 ALTER TABLE idempotency.ledger ADD CONSTRAINT ledger_pkey PRIMARY KEY (key_digest);
 
 -- 7. A version column with a typmod: the new version is compared as given, then stored
@@ -189,6 +205,21 @@ SELECT same_error($$SELECT idem_versioned_update('exact_prices', '{"id": "nine"}
                   $$UPDATE exact_prices SET amount = 'lots', version = 9 WHERE id = 'nine' AND (version IS NULL OR version < 9::numeric)$$) AS two_bad_values_statement;
 SELECT same_error($$SELECT idem_versioned_update('exact_members', '{"id": "nine"}', '{"version": "nine"}')$$,
                   $$UPDATE exact_members SET version = 'nine' WHERE id = 'nine' AND (version IS NULL OR version < 'nine')$$) AS two_bad_values;
+
+-- The extension dropped and created again under a session that claimed before: the next
+-- claim finds the new ledger, for any role.
+CREATE ROLE recreated_app;
+SELECT idem_claim('claimed-before-recreate') AS before;
+DROP EXTENSION idempotency CASCADE;
+CREATE EXTENSION idempotency;
+GRANT USAGE ON SCHEMA idempotency TO recreated_app;
+GRANT SELECT, INSERT ON idempotency.ledger TO recreated_app;
+SET ROLE recreated_app;
+SELECT idem_claim('claimed-after-recreate') AS after, idem_claim('claimed-after-recreate') AS duplicate;
+RESET ROLE;
+REVOKE ALL ON idempotency.ledger FROM recreated_app;
+REVOKE ALL ON SCHEMA idempotency FROM recreated_app;
+DROP ROLE recreated_app;
 
 DROP TABLE exact_stock, exact_tickets, exact_accounts, exact_prices, exact_members;
 DROP DOMAIN required_text, checked_qty;

@@ -136,6 +136,11 @@ pub unsafe fn open_owned(
             cached.set((schema, oid));
         }
         loop {
+            // The extension may have been dropped and created again since the OIDs were found.
+            if !ffi::SearchSysCacheExists(pg_sys::SysCacheIdentifier::NAMESPACEOID as i32, schema.into(), 0.into(), 0.into(), 0.into()) {
+                (schema, oid) = find_owned(schema_name, name);
+                cached.set((schema, oid));
+            }
             let usage = ffi::pg_namespace_aclcheck(schema, ffi::GetUserId(), pg_sys::ACL_USAGE as pg_sys::AclMode);
             if usage != pg_sys::AclResult::ACLCHECK_OK {
                 ffi::aclcheck_error(usage, pg_sys::ObjectType::OBJECT_SCHEMA, schema_name.as_ptr());

@@ -45,7 +45,9 @@ static COLUMNS: Statement = Statement {
                       WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.json'::pg_catalog.regtype THEN 'json' \
                       WHEN b.typcategory OPERATOR(pg_catalog.=) 'A' OR b.typtype OPERATOR(pg_catalog.=) 'c' THEN 'record' \
                       ELSE 'text' END, \
-                 a.attnum \
+                 a.attnum, \
+                 pg_catalog.format_type(CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd' THEN t.typbasetype ELSE a.atttypid END, \
+                                        CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd' THEN t.typtypmod ELSE a.atttypmod END) \
           FROM pg_catalog.pg_attribute a \
           JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid \
           JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace \
@@ -75,6 +77,9 @@ static OPERATOR_NAME: Statement = Statement {
 
 struct Column {
     attnum: i16,
+    /// The type a client's literal for the column is coerced to when its statement is
+    /// parsed: the column's with its typmod, or a domain's base type with the domain's.
+    literal_type: String,
     type_oid: pg_sys::Oid,
     type_name: String,
     conversion: String,
@@ -104,6 +109,7 @@ impl Table {
                 .filter_map(|i| {
                     let column = Column {
                         attnum: rows.get::<i16>(i, 5)?,
+                        literal_type: rows.get::<String>(i, 6)?,
                         type_oid: rows.get::<pg_sys::Oid>(i, 2)?,
                         type_name: rows.get::<String>(i, 3)?,
                         conversion: rows.get::<String>(i, 4)?,
@@ -147,11 +153,23 @@ impl Table {
         })
     }
 
-    /// `members` as (attnum, value expression over `param`), in attnum order.
-    fn values_by_attnum(&self, param: &str, members: &[&Member<'_>]) -> Result<Vec<String>> {
+    /// The expression that makes member `column` of `param` a value as a client's literal
+    /// for it is made when the statement is parsed: a key as the column's type, a change as
+    /// the column's type with its typmod, or a domain's base type (a domain's own checks
+    /// run when the row is written, not before).
+    fn literal_of(&self, param: &str, column: &str, literal: Literal) -> Result<String> {
+        let c = self.get(column)?;
+        Ok(match (c.conversion.as_str(), literal) {
+            ("text", Literal::Change) => format!("({param} OPERATOR(pg_catalog.->>) {})::{}", quote_literal(column), c.literal_type),
+            _ => self.value_of(param, column)?,
+        })
+    }
+
+    /// The literals of `members`, in attnum order.
+    fn literals_by_attnum(&self, param: &str, members: &[&Member<'_>], literal: Literal) -> Result<Vec<String>> {
         let mut values = Vec::with_capacity(members.len());
         for member in members {
-            values.push((self.get(member.name)?.attnum, self.value_of(param, member.name)?));
+            values.push((self.get(member.name)?.attnum, self.literal_of(param, member.name, literal)?));
         }
         values.sort_unstable_by_key(|(attnum, _)| *attnum);
         Ok(values.into_iter().map(|(_, value)| value).collect())
@@ -195,6 +213,12 @@ impl Table {
 }
 
 #[derive(Clone, Copy)]
+enum Literal {
+    Key,
+    Change,
+}
+
+#[derive(Clone, Copy)]
 enum Operator {
     Less,
     Equal,
@@ -222,8 +246,8 @@ fn quote_literal(text: &str) -> String {
 
 /// How a write of one shape is carried out.
 enum Plan {
-    /// The generated statement, run through SPI.
-    Statement(Kept),
+    /// The generated statement, run through SPI after the statement that makes its values.
+    Statement { values: Kept, write: Kept },
     /// The same write without SPI, for a plain table (see [`direct`]).
     Direct(DirectUpdate),
 }
@@ -260,12 +284,21 @@ fn cached_plan(table: pg_sys::Oid, signature: String, build: impl FnOnce() -> Re
     Ok(plan)
 }
 
-/// Runs a plan's statement with its jsonb arguments; true when a row was written.
+/// A plan's statements: `values` makes every value from the jsonb arguments, as a client's
+/// literals are made when its statement is parsed, before any privilege is checked or row
+/// read; so a bad value is its error whatever the table holds. Then `write` writes.
+fn statement_plan(values: &[String], write: &str, args: &[pg_sys::Oid]) -> Result<Plan> {
+    let values = format!("SELECT pg_catalog.num_nulls({})", values.join(", "));
+    Ok(Plan::Statement { values: prepare(&values, args)?, write: prepare(write, args)? })
+}
+
+/// Runs a plan's statements with its jsonb arguments; true when a row was written.
 fn run_statement(plan: &Plan, args: &[pg_sys::Datum]) -> Result<bool> {
-    let Plan::Statement(statement) = plan else { unreachable!("a direct plan is run by its caller") };
+    let Plan::Statement { values, write } = plan else { unreachable!("a direct plan is run by its caller") };
     // SAFETY: the datums are the caller's jsonb arguments, alive for the call.
     let args: Vec<DatumWithOid<'static>> = args.iter().map(|&d| unsafe { DatumWithOid::new(d, pg_sys::JSONBOID) }).collect();
-    Ok(execute(statement, &args, |rows| !rows.is_empty())?)
+    execute(values, &args, |_| ())?;
+    Ok(execute(write, &args, |rows| !rows.is_empty())?)
 }
 
 fn signature(operation: &str, version: &str, sets: &[&[Member<'_>]]) -> String {
@@ -367,26 +400,21 @@ fn versioned_update(
         for member in &key_members {
             matches.push(format!("t.{} {} {}", quote_ident(member.name), table.equality(member.name)?, table.value_of("$1", member.name)?));
         }
-        // Every value is made before any row is read, as a client's literals are coerced when
-        // the statement is parsed: a bad value is an error even when no row is newer. The
-        // condition has no column of the table, so it gates the scan and runs once. Keys by
-        // attnum, the version, then the other changes by attnum, as parse analysis takes a
-        // WHERE before its SET.
+        // Keys by attnum, the version, then the other changes by attnum, as parse analysis
+        // takes a WHERE before its SET.
         let (versions, others): (Vec<_>, Vec<_>) = change_members.iter().partition(|m| m.name == version);
-        let mut values = table.values_by_attnum("$1", &key_members.iter().collect::<Vec<_>>())?;
-        values.extend(table.values_by_attnum("$2", &versions)?);
-        values.extend(table.values_by_attnum("$2", &others)?);
+        let mut values = table.literals_by_attnum("$1", &key_members.iter().collect::<Vec<_>>(), Literal::Key)?;
+        values.extend(table.literals_by_attnum("$2", &versions, Literal::Change)?);
+        values.extend(table.literals_by_attnum("$2", &others, Literal::Change)?);
         let v = quote_ident(version);
         let sql = format!(
-            "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version}) \
-             AND pg_catalog.num_nulls({values}) OPERATOR(pg_catalog.>=) 0",
+            "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version})",
             table = table.name,
             set = set.join(", "),
             matches = matches.join(" AND "),
             new_version = table.value_of("$2", version)?,
-            values = values.join(", "),
         );
-        Ok(Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])?))
+        statement_plan(&values, &sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])
     })?;
     let changed = match &*plan {
         // SAFETY: rel is the plan's table, open with RowExclusiveLock, and the members are
@@ -437,7 +465,9 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
             conflict = primary.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "),
             set = set.join(", "),
         );
-        Ok(Plan::Statement(prepare(&sql, &[pg_sys::JSONBOID])?))
+        // In the row's order, as the hand-written INSERT's VALUES list them.
+        let literals = members.iter().map(|m| table.literal_of("$1", m.name, Literal::Change)).collect::<Result<Vec<_>>>()?;
+        statement_plan(&literals, &sql, &[pg_sys::JSONBOID])
     })?;
     run_statement(&plan, &[row])
 }
