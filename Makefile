@@ -13,7 +13,7 @@ REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs/*.spec))))
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
 
-.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test bench bench-instructions fuzz-direct clean
+.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test test-cassert lint bench bench-instructions fuzz-direct clean
 
 all: install
 
@@ -48,6 +48,18 @@ install: deps
 demo: install
 	@if [ -n "$$DATABASE_URL" ]; then bash demo/demo.sh; else $(VIRTUALENV) bash demo/demo.sh; fi
 
+# --- lint ------------------------------------------------------------------------------
+# Clippy must stay silent on the extension itself (it is today). The other workspace crates
+# (tests/client, tests/differential) still have warnings, and no file is rustfmt-formatted
+# yet (the code is laid out for ~120 columns, which no rustfmt setting reproduces), so those
+# two checks report without failing until the code is brought in line. pgrx-pg-sys needs
+# pg_config to generate its bindings, hence deps.
+lint: deps
+	cargo clippy -p idempotency --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets
+	@cargo fmt --all --check >/dev/null 2>&1 || \
+	  echo "lint (advisory): cargo fmt --all --check reports files not rustfmt-formatted"
+
 # --- tests -----------------------------------------------------------------------------
 # pgrx-test installs its own debug build system-wide, so it runs first and `regress`
 # reinstalls the release build.
@@ -62,6 +74,14 @@ regress: install
 pgrx-test: deps
 	rm -rf $(PGRX_TEST_DIR)
 	cargo pgrx test pg$(PG_MAJOR) --runas postgres --pgdata $(PGRX_TEST_DIR)
+
+# The same server-side suites against an assert-enabled PostgreSQL, which stops a backend
+# with TRAP on misuse of buffer, snapshot and executor APIs that a release build forgives.
+# tests/cassert.sh builds that server once per machine (tools/cassert-build.sh, about six
+# minutes on two cores), installs the extension there with its own pgrx configuration and
+# target directory, and fails on any TRAP in the server log. pg_cron is not built for it.
+test-cassert: deps
+	env REGRESS_TESTS="$(REGRESS_TESTS)" ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/cassert.sh
 
 bench: install
 	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off -o autovacuum=off bash bench/run.sh; fi
