@@ -45,10 +45,9 @@ both_ways isolation "isolation: concurrent sessions, pg_test/isolation/specs -> 
 
 suite client "client-driven tests (several real connections)" \
   cargo test -p idempotency-client-tests -- --test-threads=1
-# Direct writes, statement writes and hand-written SQL on random shapes; the two known-open
-# coercion-timing classes are reported without failing (tests/differential/src/main.rs).
+# Direct writes, statement writes and hand-written SQL on random shapes; any difference fails.
 suite differential "differential tester (short)" \
-  cargo run -q --release -p idempotency-differential -- --seed 1 --cases 200 --allow lazy-coercion --allow domain-coercion
+  cargo run -q --release -p idempotency-differential -- --seed 1 --cases 200
 suite dump_restore "pg_dump and restore keep every processed key" bash tests/dump_restore.sh
 suite pg_cron "pg_cron runs the scheduled purge" bash tests/pg_cron.sh
 suite executor_hooks "what pgaudit, pg_stat_statements and auto_explain see of direct writes" \

@@ -81,6 +81,7 @@ unguarded! {
     fn table_tuple_complete_speculative(rel: Relation, slot: *mut TupleTableSlot, specToken: uint32, succeeded: bool);
 
     fn FunctionCall2Coll(flinfo: *mut FmgrInfo, collation: Oid, arg1: Datum, arg2: Datum) -> Datum;
+    fn FunctionCall3Coll(flinfo: *mut FmgrInfo, collation: Oid, arg1: Datum, arg2: Datum, arg3: Datum) -> Datum;
     fn InputFunctionCall(flinfo: *mut FmgrInfo, str_: *mut ::core::ffi::c_char, typioparam: Oid, typmod: int32) -> Datum;
     fn OutputFunctionCall(flinfo: *mut FmgrInfo, val: Datum) -> *mut ::core::ffi::c_char;
     fn JsonbValueToJsonb(val: *mut JsonbValue) -> *mut Jsonb;

@@ -18,8 +18,8 @@ use crate::postgres::{catch, ffi, PgError};
 
 /// How a JSON member becomes a value of its column.
 enum Input {
-    /// The member's text through the type's input function.
-    Text { function: Box<pg_sys::FmgrInfo>, io_param: pg_sys::Oid, typmod: i32, shortcut: Shortcut },
+    /// The member's text through the type's input function, then fitted to the typmod.
+    Text { function: Box<pg_sys::FmgrInfo>, io_param: pg_sys::Oid, typmod: i32, shortcut: Shortcut, fit: Option<Fit> },
     /// A jsonb column stores the member itself.
     Jsonb,
 }
@@ -79,6 +79,13 @@ struct KeyColumn {
 /// A memory context of the backend's life, deleted with its owner.
 struct OwnedContext(pg_sys::MemoryContext);
 
+impl OwnedContext {
+    fn new(name: &'static std::ffi::CStr) -> OwnedContext {
+        // SAFETY: a child of TopMemoryContext, named by a static string.
+        OwnedContext(unsafe { pg_sys::AllocSetContextCreateInternal(pg_sys::TopMemoryContext, name.as_ptr(), 0, 1024, 8 * 1024) })
+    }
+}
+
 impl Drop for OwnedContext {
     fn drop(&mut self) {
         unsafe { pg_sys::MemoryContextDelete(self.0) };
@@ -130,13 +137,7 @@ impl DirectUpdate {
             return None;
         }
         // Every early return below drops the context with what was built in it.
-        let owned = OwnedContext(pg_sys::AllocSetContextCreateInternal(
-            pg_sys::TopMemoryContext,
-            c"idempotency versioned update".as_ptr(),
-            0,
-            1024,
-            8 * 1024,
-        ));
+        let owned = OwnedContext::new(c"idempotency versioned update");
         let context = owned.0;
         let mut columns = Vec::with_capacity(changes.len());
         for member in changes {
@@ -328,18 +329,117 @@ unsafe fn input(attr: &pg_sys::FormData_pg_attribute, typmod: i32, context: pg_s
     }
     // A domain's NOT NULL and CHECKs apply to JSON null too, and its casts and typmods have
     // not been proven here: domains take the statement.
-    if pg_sys::get_typtype(type_oid) as u8 == pg_sys::TYPTYPE_DOMAIN
-        || type_oid == pg_sys::JSONOID
-        || pg_sys::get_element_type(type_oid) != pg_sys::InvalidOid
-        || pg_sys::get_typtype(type_oid) as u8 == pg_sys::TYPTYPE_COMPOSITE
-    {
+    if pg_sys::get_typtype(type_oid) as u8 == pg_sys::TYPTYPE_DOMAIN || !takes_text(type_oid) {
         return None;
     }
+    Some(text_input(type_oid, typmod, false, context))
+}
+
+/// Whether a JSON member becomes a value of the type through its text: not for json and
+/// jsonb, nor for the arrays and composites jsonb_populate_record builds from JSON structure.
+unsafe fn takes_text(type_oid: pg_sys::Oid) -> bool {
+    type_oid != pg_sys::JSONOID
+        && type_oid != pg_sys::JSONBOID
+        && pg_sys::get_element_type(type_oid) == pg_sys::InvalidOid
+        && pg_sys::get_typtype(type_oid) as u8 != pg_sys::TYPTYPE_COMPOSITE
+}
+
+/// A value of `type_oid` made from text and fitted to `typmod` as parse_coerce.c makes a
+/// literal: the input function without the typmod (interval's alone takes it), then the
+/// type's length coercion, which `explicit` makes cut instead of refuse. Input functions
+/// check the typmod in their own order (bit's before its digits), so it is not theirs.
+unsafe fn text_input(type_oid: pg_sys::Oid, typmod: i32, explicit: bool, context: pg_sys::MemoryContext) -> Input {
     let (mut function_oid, mut io_param) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
     pg_sys::getTypeInputInfo(type_oid, &mut function_oid, &mut io_param);
     let mut function = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
     pg_sys::fmgr_info_cxt(function_oid, &mut *function, context);
-    Some(Input::Text { function, io_param, typmod, shortcut: Shortcut::of(type_oid) })
+    let interval = type_oid == pg_sys::INTERVALOID;
+    Input::Text {
+        function,
+        io_param,
+        typmod: if interval { typmod } else { -1 },
+        shortcut: Shortcut::of(type_oid),
+        fit: if interval { None } else { fit(type_oid, typmod, explicit, context) },
+    }
+}
+
+/// The length coercion of `base` to `typmod`, if the type has one and the typmod is set.
+unsafe fn fit(base: pg_sys::Oid, typmod: i32, explicit: bool, context: pg_sys::MemoryContext) -> Option<Fit> {
+    let mut function_oid = pg_sys::InvalidOid;
+    if typmod < 0 || pg_sys::find_typmod_coercion_function(base, &mut function_oid) != pg_sys::CoercionPathType::COERCION_PATH_FUNC {
+        return None;
+    }
+    let mut function = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
+    pg_sys::fmgr_info_cxt(function_oid, &mut *function, context);
+    Some(Fit { function, typmod, explicit })
+}
+
+/// What a client's literal for a column is made into when its statement is parsed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Literal {
+    /// Compared with a key column: a value of the column's type.
+    Key,
+    /// Assigned to a column: a value of its type with its typmod, as assignment makes it. A
+    /// domain's column takes a value of the base type fitted to the domain's typmod as the
+    /// explicit cast to the domain fits it (a too long string is cut, a too large number
+    /// refused); the domain's own checks run when the row is written.
+    Change,
+}
+
+/// The values of a write made as the hand-written statement's literals are made, before
+/// the statement runs: the statement path makes them first, so that a bad value is the
+/// error, before any privilege is checked and whether or not a row matches. Members that
+/// jsonb_populate_record builds from JSON structure (arrays, composites) are left to the
+/// statement.
+pub struct Literals {
+    _context: OwnedContext,
+    /// (argument, member position, how), in the order the statement's parse makes them.
+    made: Vec<(usize, usize, Input)>,
+}
+
+/// A typmod applied by the type's length coercion function, as an assignment applies it, or
+/// with isExplicit as a cast does (a too long string is cut rather than refused).
+struct Fit {
+    function: Box<pg_sys::FmgrInfo>,
+    typmod: i32,
+    explicit: bool,
+}
+
+impl Literals {
+    /// # Safety
+    /// `rel` must be open; `order` names members of the write's arguments by position.
+    pub unsafe fn plan(rel: pg_sys::Relation, order: &[(usize, usize, &str, Literal)]) -> Option<Literals> {
+        let owned = OwnedContext::new(c"idempotency literals");
+        let mut made = Vec::with_capacity(order.len());
+        for &(argument, position, name, literal) in order {
+            let attr = attribute(rel, name)?;
+            let mut domain_typmod = -1;
+            let base = pg_sys::getBaseTypeAndTypmod(attr.atttypid, &mut domain_typmod);
+            if !takes_text(base) {
+                continue;
+            }
+            let input = match literal {
+                Literal::Key => text_input(base, -1, false, owned.0),
+                Literal::Change if base == attr.atttypid => text_input(base, attr.atttypmod, false, owned.0),
+                Literal::Change => text_input(base, domain_typmod, true, owned.0),
+            };
+            made.push((argument, position, input));
+        }
+        Some(Literals { _context: owned, made })
+    }
+
+    /// Makes every value, raising the first bad one's error.
+    pub fn make(&self, arguments: &[&[Member<'_>]]) -> Result<(), PgError> {
+        // SAFETY: the inputs were built for these members' columns; a value made here is
+        // dropped with the call's memory.
+        unsafe {
+            catch(|| {
+                for (argument, position, input) in &self.made {
+                    coerce(input, &arguments[*argument][*position].value);
+                }
+            })
+        }
+    }
 }
 
 /// numeric's output function, looked up once per backend.
@@ -361,7 +461,7 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
     }
     match input {
         Input::Jsonb => (pg_sys::Datum::from(ffi::JsonbValueToJsonb((value as *const pg_sys::JsonbValue).cast_mut())), false),
-        Input::Text { function, io_param, typmod, shortcut } => {
+        Input::Text { function, io_param, typmod, shortcut, fit } => {
             if let Some(datum) = shortcut.apply(value) {
                 return (datum, false);
             }
@@ -372,7 +472,14 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
                 _ => ffi::JsonbToCString(ptr::null_mut(), value.val.binary.data, value.val.binary.len),
             };
             let function = (&**function as *const pg_sys::FmgrInfo).cast_mut();
-            (ffi::InputFunctionCall(function, text, *io_param, *typmod), false)
+            let value = ffi::InputFunctionCall(function, text, *io_param, *typmod);
+            match fit {
+                None => (value, false),
+                Some(fit) => {
+                    let function = (&*fit.function as *const pg_sys::FmgrInfo).cast_mut();
+                    (ffi::FunctionCall3Coll(function, pg_sys::InvalidOid, value, fit.typmod.into(), fit.explicit.into()), false)
+                }
+            }
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::postgres::spi::{self, execute, prepare, Kept, Statement};
 use crate::postgres::{catch, ffi};
 
 mod direct;
-use direct::DirectUpdate;
+use direct::{DirectUpdate, Literal, Literals};
 
 static RELATION: Statement = Statement {
     sql: "SELECT c.relkind::text, pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' \
@@ -45,9 +45,7 @@ static COLUMNS: Statement = Statement {
                       WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.json'::pg_catalog.regtype THEN 'json' \
                       WHEN b.typcategory OPERATOR(pg_catalog.=) 'A' OR b.typtype OPERATOR(pg_catalog.=) 'c' THEN 'record' \
                       ELSE 'text' END, \
-                 a.attnum, \
-                 pg_catalog.format_type(CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd' THEN t.typbasetype ELSE a.atttypid END, \
-                                        CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd' THEN t.typtypmod ELSE a.atttypmod END) \
+                 a.attnum \
           FROM pg_catalog.pg_attribute a \
           JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid \
           JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace \
@@ -77,9 +75,6 @@ static OPERATOR_NAME: Statement = Statement {
 
 struct Column {
     attnum: i16,
-    /// The type a client's literal for the column is coerced to when its statement is
-    /// parsed: the column's with its typmod, or a domain's base type with the domain's.
-    literal_type: String,
     type_oid: pg_sys::Oid,
     type_name: String,
     conversion: String,
@@ -109,7 +104,6 @@ impl Table {
                 .filter_map(|i| {
                     let column = Column {
                         attnum: rows.get::<i16>(i, 5)?,
-                        literal_type: rows.get::<String>(i, 6)?,
                         type_oid: rows.get::<pg_sys::Oid>(i, 2)?,
                         type_name: rows.get::<String>(i, 3)?,
                         conversion: rows.get::<String>(i, 4)?,
@@ -153,26 +147,14 @@ impl Table {
         })
     }
 
-    /// The expression that makes member `column` of `param` a value as a client's literal
-    /// for it is made when the statement is parsed: a key as the column's type, a change as
-    /// the column's type with its typmod, or a domain's base type (a domain's own checks
-    /// run when the row is written, not before).
-    fn literal_of(&self, param: &str, column: &str, literal: Literal) -> Result<String> {
-        let c = self.get(column)?;
-        Ok(match (c.conversion.as_str(), literal) {
-            ("text", Literal::Change) => format!("({param} OPERATOR(pg_catalog.->>) {})::{}", quote_literal(column), c.literal_type),
-            _ => self.value_of(param, column)?,
-        })
-    }
-
-    /// The literals of `members`, in attnum order.
-    fn literals_by_attnum(&self, param: &str, members: &[&Member<'_>], literal: Literal) -> Result<Vec<String>> {
-        let mut values = Vec::with_capacity(members.len());
-        for member in members {
-            values.push((self.get(member.name)?.attnum, self.literal_of(param, member.name, literal)?));
+    /// Members, given as (argument, position, name), in attnum order with how each is made.
+    fn by_attnum<'m>(&self, members: impl Iterator<Item = (usize, usize, &'m str)>, literal: Literal) -> Result<Vec<(usize, usize, &'m str, Literal)>> {
+        let mut sorted = Vec::new();
+        for (argument, position, name) in members {
+            sorted.push((self.get(name)?.attnum, (argument, position, name, literal)));
         }
-        values.sort_unstable_by_key(|(attnum, _)| *attnum);
-        Ok(values.into_iter().map(|(_, value)| value).collect())
+        sorted.sort_unstable_by_key(|(attnum, _)| *attnum);
+        Ok(sorted.into_iter().map(|(_, member)| member).collect())
     }
 
     fn unique_keys(&self) -> Result<Vec<(bool, Vec<String>)>> {
@@ -213,12 +195,6 @@ impl Table {
 }
 
 #[derive(Clone, Copy)]
-enum Literal {
-    Key,
-    Change,
-}
-
-#[derive(Clone, Copy)]
 enum Operator {
     Less,
     Equal,
@@ -246,8 +222,8 @@ fn quote_literal(text: &str) -> String {
 
 /// How a write of one shape is carried out.
 enum Plan {
-    /// The generated statement, run through SPI after the statement that makes its values.
-    Statement { values: Kept, write: Kept },
+    /// The generated statement, run through SPI once its values are made.
+    Statement { literals: Literals, write: Kept },
     /// The same write without SPI, for a plain table (see [`direct`]).
     Direct(DirectUpdate),
 }
@@ -284,20 +260,21 @@ fn cached_plan(table: pg_sys::Oid, signature: String, build: impl FnOnce() -> Re
     Ok(plan)
 }
 
-/// A plan's statements: `values` makes every value from the jsonb arguments, as a client's
-/// literals are made when its statement is parsed, before any privilege is checked or row
-/// read; so a bad value is its error whatever the table holds. Then `write` writes.
-fn statement_plan(values: &[String], write: &str, args: &[pg_sys::Oid]) -> Result<Plan> {
-    let values = format!("SELECT pg_catalog.num_nulls({})", values.join(", "));
-    Ok(Plan::Statement { values: prepare(&values, args)?, write: prepare(write, args)? })
+/// A statement plan: the generated statement, and its values made as the hand-written
+/// statement's literals are made when it is parsed (see [`Literals`]).
+fn statement_plan(rel: pg_sys::Relation, order: &[(usize, usize, &str, Literal)], write: &str, args: &[pg_sys::Oid]) -> Result<Plan> {
+    // SAFETY: rel is the target, open; the order names the call's own members.
+    let literals = unsafe { Literals::plan(rel, order) }.expect("the members' columns were checked to exist");
+    Ok(Plan::Statement { literals, write: prepare(write, args)? })
 }
 
-/// Runs a plan's statements with its jsonb arguments; true when a row was written.
-fn run_statement(plan: &Plan, args: &[pg_sys::Datum]) -> Result<bool> {
-    let Plan::Statement { values, write } = plan else { unreachable!("a direct plan is run by its caller") };
+/// Makes a statement plan's values, then runs its statement with the jsonb arguments; true
+/// when a row was written.
+fn run_statement(plan: &Plan, members: &[&[Member<'_>]], args: &[pg_sys::Datum]) -> Result<bool> {
+    let Plan::Statement { literals, write } = plan else { unreachable!("a direct plan is run by its caller") };
+    literals.make(members)?;
     // SAFETY: the datums are the caller's jsonb arguments, alive for the call.
     let args: Vec<DatumWithOid<'static>> = args.iter().map(|&d| unsafe { DatumWithOid::new(d, pg_sys::JSONBOID) }).collect();
-    execute(values, &args, |_| ())?;
     Ok(execute(write, &args, |rows| !rows.is_empty())?)
 }
 
@@ -361,10 +338,7 @@ fn versioned_update(
         }
     }
     let table_oid = required(target, "target")?;
-    // Locked before the plan is looked up, so that a concurrent ALTER TABLE's invalidation
-    // has dropped a stale plan by then.
-    // SAFETY: closed below, or by an error's abort.
-    let rel = unsafe { catch(|| ffi::try_relation_open(table_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE))? };
+    let rel = open_target(table_oid)?;
     // A plan made while direct writes were not allowed is a statement: that is in its name.
     let operation = if crate::postgres::write::direct_allowed() { "update" } else { "update by statement" };
     let plan = cached_plan(table_oid, signature(operation, version, &[&key_members, &change_members]), || {
@@ -402,10 +376,12 @@ fn versioned_update(
         }
         // Keys by attnum, the version, then the other changes by attnum, as parse analysis
         // takes a WHERE before its SET.
-        let (versions, others): (Vec<_>, Vec<_>) = change_members.iter().partition(|m| m.name == version);
-        let mut values = table.literals_by_attnum("$1", &key_members.iter().collect::<Vec<_>>(), Literal::Key)?;
-        values.extend(table.literals_by_attnum("$2", &versions, Literal::Change)?);
-        values.extend(table.literals_by_attnum("$2", &others, Literal::Change)?);
+        let keys = key_members.iter().enumerate().map(|(i, m)| (0, i, m.name));
+        let (versions, others): (Vec<_>, Vec<_>) =
+            change_members.iter().enumerate().map(|(i, m)| (1, i, m.name)).partition(|(_, _, name)| *name == version);
+        let mut order = table.by_attnum(keys, Literal::Key)?;
+        order.extend(table.by_attnum(versions.into_iter(), Literal::Change)?);
+        order.extend(table.by_attnum(others.into_iter(), Literal::Change)?);
         let v = quote_ident(version);
         let sql = format!(
             "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version})",
@@ -414,16 +390,28 @@ fn versioned_update(
             matches = matches.join(" AND "),
             new_version = table.value_of("$2", version)?,
         );
-        statement_plan(&values, &sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])
+        statement_plan(rel, &order, &sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])
     })?;
     let changed = match &*plan {
         // SAFETY: rel is the plan's table, open with RowExclusiveLock, and the members are
         // the ones the plan's signature names, in the same order.
         Plan::Direct(direct) => unsafe { direct.run(rel, &key_members, &change_members)? },
-        statement => run_statement(statement, &[key, changes])?,
+        statement => run_statement(statement, &[&key_members, &change_members], &[key, changes])?,
     };
     unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
     Ok(changed)
+}
+
+/// Opens a write's target with RowExclusiveLock, before its plan is looked up, so that a
+/// concurrent ALTER TABLE's invalidation has dropped a stale plan by then. The caller closes
+/// it (an error's abort does too).
+fn open_target(table_oid: pg_sys::Oid) -> Result<pg_sys::Relation> {
+    // SAFETY: the step holds nothing with a destructor.
+    let rel = unsafe { catch(|| ffi::try_relation_open(table_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE))? };
+    if rel.is_null() {
+        return Err(IdemError::new(SqlState::UndefinedTable, format!("relation with OID {} does not exist", table_oid.to_u32())));
+    }
+    Ok(rel)
 }
 
 fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, version: Option<&str>) -> Result<bool> {
@@ -431,6 +419,7 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
     let (row, members) = jsonb_arg(row, "row")?;
     version_value(target, &members, version, "row")?;
     let table_oid = required(target, "target")?;
+    let rel = open_target(table_oid)?;
     let plan = cached_plan(table_oid, signature("upsert", version, &[&members]), || {
         let table = Table::load(target)?;
         let newer = table.version_order(version)?;
@@ -466,10 +455,13 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
             set = set.join(", "),
         );
         // In the row's order, as the hand-written INSERT's VALUES list them.
-        let literals = members.iter().map(|m| table.literal_of("$1", m.name, Literal::Change)).collect::<Result<Vec<_>>>()?;
-        statement_plan(&literals, &sql, &[pg_sys::JSONBOID])
+        let order: Vec<_> = members.iter().enumerate().map(|(i, m)| (0, i, m.name, Literal::Change)).collect();
+        statement_plan(rel, &order, &sql, &[pg_sys::JSONBOID])
     })?;
-    run_statement(&plan, &[row])
+    let written = run_statement(&plan, &[&members], &[row]);
+    // SAFETY: opened above, closed once.
+    unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
+    written
 }
 
 /// Installs (or replaces) the guard trigger after checking that the column can be ordered.
