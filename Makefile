@@ -87,8 +87,7 @@ bench: install
 	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off -o autovacuum=off bash bench/run.sh; fi
 
 # The differential tester (tests/differential) for ten minutes from a random seed, which it
-# prints first, so that a failing case replays with --seed S --case I. Known-open classes
-# fail here too.
+# prints first, so that a failing case replays with --seed S --case I.
 fuzz-direct: install
 	$(VIRTUALENV) cargo run -q --release -p idempotency-differential -- --seconds 600
 
