@@ -130,9 +130,9 @@ fn a_triggers_own_sqlstate_detail_hint_and_context_pass_through() {
 }
 
 /// A claim waiting for another transaction's uncommitted claim, ended by `end` from a third
-/// session, against the hand-written INSERT ended the same way: the same error, fields and
-/// CONTEXT ("while inserting index tuple …") included.
-fn waiting_claim_error(key: &str, end: &str) -> (Fields, Fields) {
+/// session, with direct writes on, off, and as the hand-written INSERT ended the same way:
+/// the same error, fields and CONTEXT ("while checking … in relation "ledger"") included.
+fn waiting_claim_error(key: &str, end: &str) -> Vec<Fields> {
     let db = db();
     let mut holder = db.session("fields-holder");
     let mut observer = db.connect("fields-observer");
@@ -142,15 +142,16 @@ fn waiting_claim_error(key: &str, end: &str) -> (Fields, Fields) {
         "INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('{key}'), idem_scope_id('default'))
          ON CONFLICT (key_digest) DO NOTHING"
     );
+    let ours = format!("SELECT idem_claim('{key}')");
     let mut outcomes = Vec::new();
-    for sql in [format!("SELECT idem_claim('{key}')"), hand_written] {
+    for (direct, sql) in [("on", &ours), ("off", &ours), ("on", &hand_written)] {
         let mut waiter = db.session("fields-waiter");
+        ok(waiter.client.batch_execute(&format!("SET idempotency.direct_writes = {direct}")), "direct_writes");
         if end == "lock_timeout" {
             ok(waiter.client.batch_execute("SET lock_timeout = '100ms'"), "lock_timeout");
         }
         let error = thread::scope(|s| {
             let client = &mut waiter.client;
-            let sql = &sql;
             let handle = s.spawn(move || client.batch_execute(sql));
             if end == "cancel" {
                 wait_until_blocked(&mut observer, waiter.pid, holder.pid, || handle.is_finished());
@@ -162,20 +163,19 @@ fn waiting_claim_error(key: &str, end: &str) -> (Fields, Fields) {
         outcomes.push(error);
     }
     ok(holder.client.batch_execute("ROLLBACK"), "holder ROLLBACK");
-    let hand = outcomes.pop().expect("two outcomes");
-    (outcomes.pop().expect("two outcomes"), hand)
+    outcomes
 }
 
 #[test]
 fn a_lock_timeout_while_waiting_for_a_claim_is_the_statements() {
-    let (ours, theirs) = waiting_claim_error("waited-out", "lock_timeout");
-    assert_eq!(ours, theirs);
-    assert_eq!(ours.code, "55P03");
+    let [direct, statement, hand] = <[Fields; 3]>::try_from(waiting_claim_error("waited-out", "lock_timeout")).expect("three ways");
+    assert_eq!((&direct, &statement), (&hand, &hand));
+    assert_eq!(hand.code, "55P03");
 }
 
 #[test]
 fn a_cancelled_wait_for_a_claim_is_the_statements() {
-    let (ours, theirs) = waiting_claim_error("cancelled", "cancel");
-    assert_eq!(ours, theirs);
-    assert_eq!(ours.code, "57014");
+    let [direct, statement, hand] = <[Fields; 3]>::try_from(waiting_claim_error("cancelled", "cancel")).expect("three ways");
+    assert_eq!((&direct, &statement), (&hand, &hand));
+    assert_eq!(hand.code, "57014");
 }
