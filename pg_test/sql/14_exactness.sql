@@ -206,6 +206,17 @@ SELECT same_error($$SELECT idem_versioned_update('exact_prices', '{"id": "nine"}
 SELECT same_error($$SELECT idem_versioned_update('exact_members', '{"id": "nine"}', '{"version": "nine"}')$$,
                   $$UPDATE exact_members SET version = 'nine' WHERE id = 'nine' AND (version IS NULL OR version < 'nine')$$) AS two_bad_values;
 
+-- A deferred unique constraint may hold two rows with the same key until COMMIT, and the
+-- statement updates both: its recheck trigger sends the table to the statement, and a key
+-- is only ever looked up through an immediate unique index.
+CREATE TABLE exact_deferred (code text CONSTRAINT exact_deferred_code UNIQUE DEFERRABLE INITIALLY DEFERRED, note text, version int);
+BEGIN;
+INSERT INTO exact_deferred VALUES ('x', 'first', 1), ('x', 'second', 1);
+SELECT idem_versioned_update('exact_deferred', '{"code": "x"}', '{"note": "both", "version": 2}') AS deferred_key;
+SELECT * FROM exact_deferred ORDER BY note;
+ROLLBACK;
+DROP TABLE exact_deferred;
+
 -- The extension dropped and created again under a session that claimed before: the next
 -- claim finds the new ledger, for any role.
 CREATE ROLE recreated_app;

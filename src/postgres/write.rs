@@ -300,23 +300,146 @@ impl StatementSnapshot {
     }
 }
 
-/// Finds the row of `rel` whose columns of `index` (a unique index) equal `keys`, as
-/// `snapshot` sees it, and loads it into `slot`. Unguarded: call it inside a catch.
+/// A btree unique index that finds at most one row for a key: valid, immediate (a deferred
+/// one may hold two rows with the same key until commit), without predicate or expressions.
+pub struct UniqueIndex {
+    pub oid: pg_sys::Oid,
+    /// Per index column: its operator family, input type and collation.
+    pub opfamilies: Vec<pg_sys::Oid>,
+    pub input_types: Vec<pg_sys::Oid>,
+    pub collations: Vec<pg_sys::Oid>,
+}
+
+/// The first such unique index of `rel` on exactly the columns `attnums`, and where each of
+/// them sits in it.
 ///
 /// # Safety
-/// `keys` must be initialised scan keys for the index's columns; `slot` a slot of the table.
-pub unsafe fn find(
-    rel: pg_sys::Relation,
-    index: pg_sys::Relation,
-    snapshot: pg_sys::Snapshot,
-    keys: &mut [pg_sys::ScanKeyData],
-    slot: *mut pg_sys::TupleTableSlot,
-) -> bool {
-    let scan = ffi::index_beginscan(rel, index, snapshot, keys.len() as i32, 0);
-    ffi::index_rescan(scan, keys.as_mut_ptr(), keys.len() as i32, ptr::null_mut(), 0);
-    let found = ffi::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
-    ffi::index_endscan(scan);
+/// `rel` must be open.
+pub unsafe fn unique_index(rel: pg_sys::Relation, attnums: &[i16]) -> Option<(UniqueIndex, Vec<usize>)> {
+    let list = pg_sys::RelationGetIndexList(rel);
+    let found = (0..pg_sys::list_length(list)).find_map(|n| {
+        let index = pg_sys::index_open(pg_sys::list_nth_oid(list, n), pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let form = &*(*index).rd_index;
+        let columns = form.indnkeyatts as usize;
+        let keyed = &form.indkey.values.as_slice(columns);
+        let usable = (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+            && form.indisunique
+            && form.indimmediate
+            && form.indisvalid
+            && form.indisready
+            && form.indislive
+            && columns == attnums.len()
+            && pg_sys::RelationGetIndexPredicate(index).is_null()
+            && pg_sys::RelationGetIndexExpressions(index).is_null();
+        let positions: Option<Vec<usize>> = attnums.iter().map(|a| keyed.iter().position(|k| k == a)).collect();
+        let result = match positions {
+            Some(positions) if usable => Some((
+                UniqueIndex {
+                    oid: (*index).rd_id,
+                    opfamilies: (0..columns).map(|i| *(*index).rd_opfamily.add(i)).collect(),
+                    input_types: (0..columns).map(|i| *(*index).rd_opcintype.add(i)).collect(),
+                    collations: (0..columns).map(|i| *(*index).rd_indcollation.add(i)).collect(),
+                },
+                positions,
+            )),
+            _ => None,
+        };
+        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        result
+    });
+    pg_sys::list_free(list);
     found
+}
+
+/// How one key column is compared through a unique index.
+pub struct KeyLookup {
+    /// The column's position in the index, 1-based, as scan keys number them.
+    pub index_column: i16,
+    pub attnum: i16,
+    /// The index's equality for the column, which must be the column type's own `=`.
+    pub equal: Box<pg_sys::FmgrInfo>,
+    pub collation: pg_sys::Oid,
+}
+
+impl KeyLookup {
+    /// Whether the column of `row` equals `given`. Unguarded.
+    unsafe fn matches(&self, row: &FoundRow, given: pg_sys::Datum) -> bool {
+        let (stored, null) = row.value(self.attnum);
+        let equal = (&*self.equal as *const pg_sys::FmgrInfo).cast_mut();
+        !null && ffi::FunctionCall2Coll(equal, self.collation, stored, given).value() != 0
+    }
+}
+
+/// The row a unique index found, in a slot of the table's own kind; the slot is dropped and
+/// the index closed with it.
+pub struct FoundRow {
+    slot: *mut pg_sys::TupleTableSlot,
+    index: pg_sys::Relation,
+}
+
+impl FoundRow {
+    /// The row of `rel` whose key columns equal the given values, through the unique index
+    /// `index_oid`, as `snapshot` sees it; `keys` in the index's column order.
+    ///
+    /// # Safety
+    /// `rel` must be open with RowExclusiveLock; each lookup's values of its column's type.
+    pub unsafe fn find<'k>(
+        rel: pg_sys::Relation,
+        index_oid: pg_sys::Oid,
+        keys: impl ExactSizeIterator<Item = (&'k KeyLookup, pg_sys::Datum)>,
+        snapshot: &StatementSnapshot,
+    ) -> Result<Option<FoundRow>> {
+        let mut scan_keys: Vec<pg_sys::ScanKeyData> = vec![std::mem::zeroed(); keys.len()];
+        let (slot, index, found) = catch(|| {
+            for (scan_key, (k, given)) in scan_keys.iter_mut().zip(keys) {
+                ffi::ScanKeyEntryInitializeWithInfo(
+                    scan_key,
+                    0,
+                    k.index_column,
+                    pg_sys::BTEqualStrategyNumber as u16,
+                    pg_sys::InvalidOid,
+                    k.collation,
+                    (&*k.equal as *const pg_sys::FmgrInfo).cast_mut(),
+                    given,
+                );
+            }
+            let index = ffi::index_open(index_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+            let slot = ffi::MakeSingleTupleTableSlot((*rel).rd_att, ffi::table_slot_callbacks(rel));
+            let scan = ffi::index_beginscan(rel, index, snapshot.get(), scan_keys.len() as i32, 0);
+            ffi::index_rescan(scan, scan_keys.as_mut_ptr(), scan_keys.len() as i32, ptr::null_mut(), 0);
+            let found = ffi::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+            ffi::index_endscan(scan);
+            (slot, index, found)
+        })?;
+        let row = FoundRow { slot, index };
+        Ok(found.then_some(row))
+    }
+
+    /// Column `attnum` of the row, and whether it is NULL.
+    pub fn value(&self, attnum: i16) -> (pg_sys::Datum, bool) {
+        let mut null = false;
+        // SAFETY: the slot holds a row of the table; deforming a stored row raises nothing.
+        let value = unsafe { ffi::slot_getattr(self.slot, i32::from(attnum), &mut null) };
+        (value, null)
+    }
+
+    /// Whether every key column still equals its given value, after a recheck.
+    ///
+    /// # Safety
+    /// As for [`FoundRow::find`].
+    pub unsafe fn still_matches<'k>(&self, mut keys: impl Iterator<Item = (&'k KeyLookup, pg_sys::Datum)>) -> Result<bool> {
+        catch(|| keys.all(|(k, given)| k.matches(self, given)))
+    }
+}
+
+impl Drop for FoundRow {
+    fn drop(&mut self) {
+        // SAFETY: made by find, dropped once; neither call raises.
+        unsafe {
+            ffi::ExecDropSingleTupleTableSlot(self.slot);
+            ffi::index_close(self.index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        }
+    }
 }
 
 impl Target {
@@ -467,19 +590,23 @@ impl Target {
         }
     }
 
-    /// ExecUpdate for the row in `old` with the new values in `new`: constraints, the heap
-    /// update (HOT when it can), new index entries, and on a concurrent update the newest
-    /// version locked into `old` for the caller to judge again, as EvalPlanQual would.
+    /// ExecUpdate for `row` with `changes` (attnum, value, is NULL) over its other values:
+    /// constraints, the heap update (HOT when it can), new index entries, and on a concurrent
+    /// update the newest version locked into `row` for the caller to judge again, as
+    /// EvalPlanQual would.
     ///
     /// # Safety
-    /// `old` must hold the row found by [`find`] (or a recheck); `new` a virtual tuple of the
-    /// table's row type.
-    pub unsafe fn update(&self, old: *mut pg_sys::TupleTableSlot, new: *mut pg_sys::TupleTableSlot) -> Result<Update> {
+    /// `row` must come from [`FoundRow::find`] on this target's table; each change a value of
+    /// its column's type.
+    pub unsafe fn update(&self, row: &FoundRow, changes: &[(i16, pg_sys::Datum, bool)]) -> Result<Update> {
         let estate = self.estate;
+        let old = row.slot;
+        let new = self.virtual_slot();
         let mut tid = (*old).tts_tid;
         let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
         let mut lock_mode = pg_sys::LockTupleMode::LockTupleExclusive;
         let result = catch(|| {
+            self.fill(old, new, changes);
             (*new).tts_tableOid = (*self.rel).rd_id;
             ffi::ExecMaterializeSlot(new);
             if !(*(*self.rel).rd_att).constr.is_null() {
@@ -546,6 +673,27 @@ impl Target {
             }
             other => error!("unrecognized table_tuple_update status: {other}"),
         }
+    }
+
+    /// The new row in `new`: the old row's values with the changes over them. Unguarded.
+    unsafe fn fill(&self, old: *mut pg_sys::TupleTableSlot, new: *mut pg_sys::TupleTableSlot, changes: &[(i16, pg_sys::Datum, bool)]) {
+        let natts = (*(*self.rel).rd_att).natts as usize;
+        ffi::ExecClearTuple(new);
+        ffi::slot_getallattrs(old);
+        let (values, nulls) = ((*new).tts_values, (*new).tts_isnull);
+        ptr::copy_nonoverlapping((*old).tts_values, values, natts);
+        ptr::copy_nonoverlapping((*old).tts_isnull, nulls, natts);
+        for (i, attr) in attributes(self.rel).iter().enumerate() {
+            // A dropped column's old bits are not carried into the new row.
+            if attr.attisdropped {
+                *nulls.add(i) = true;
+            }
+        }
+        for &(attnum, value, null) in changes {
+            let i = attnum as usize - 1;
+            (*values.add(i), *nulls.add(i)) = (value, null);
+        }
+        ffi::ExecStoreVirtualTuple(new);
     }
 
     /// The row was changed earlier in this transaction after our snapshot's command: by this

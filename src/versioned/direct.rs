@@ -1,19 +1,21 @@
-//! idem_versioned_update without SPI, for plain tables (see [`crate::direct`]): the plan
-//! names the unique index that finds the row, every column's attnum and input function, and
-//! the version's ordering, so a call is one index probe, one comparison and one heap update.
+//! idem_versioned_update without SPI, for plain tables (see [`crate::postgres::write`]): the
+//! plan names the unique index that finds the row, every column's attnum and input function,
+//! and the version's ordering, so a call is one index probe, one comparison and one heap
+//! update.
 //!
-//! Values are coerced exactly as jsonb_populate_record coerces a scalar: a JSON string's
-//! contents, a number's or boolean's text, or a nested value's JSON text goes through the
-//! column type's input function with the column's typmod; a jsonb column takes the value as
-//! it is. Column types that jsonb_populate_record builds from JSON structure (arrays,
-//! composites) and json columns keep the generated statement.
+//! Values are made as the hand-written statement's literals are made when it is parsed
+//! ([`text_input`]): a JSON string's contents, a number's or boolean's text, or a nested
+//! value's JSON text goes through the column type's input function, then the column's typmod;
+//! a jsonb column takes the value as it is. Domains, json columns and the types
+//! jsonb_populate_record builds from JSON structure (arrays, composites) keep the generated
+//! statement, which [`Literals`] makes the values for first.
 
 use std::ptr;
 
 use pgrx::pg_sys;
 
 use crate::jsonb::{integer, Member};
-use crate::postgres::write::{attributes, find, is_plain, Permissions, StatementSnapshot, Target, Update};
+use crate::postgres::write::{attributes, is_plain, unique_index, FoundRow, KeyLookup, Permissions, StatementSnapshot, Target, Update};
 use crate::postgres::{catch, ffi, PgError};
 
 /// How a JSON member becomes a value of its column.
@@ -70,10 +72,7 @@ struct KeyColumn {
     column: Column,
     /// Which of the key's members holds the column's value.
     member: usize,
-    /// The column's position in the unique index, 1-based, as scan keys number them.
-    index_column: i16,
-    equal: Box<pg_sys::FmgrInfo>,
-    collation: pg_sys::Oid,
+    lookup: KeyLookup,
 }
 
 /// A memory context of the backend's life, deleted with its owner.
@@ -170,12 +169,15 @@ impl DirectUpdate {
             keys.push(KeyColumn {
                 column: Column { attnum: attr.attnum, input: input(attr, -1, context)? },
                 member,
-                index_column: position as i16 + 1,
-                equal: equality(attr.atttypid, index.opfamilies[position], index.input_types[position], context)?,
-                collation: index.collations[position],
+                lookup: KeyLookup {
+                    index_column: position as i16 + 1,
+                    attnum: attr.attnum,
+                    equal: equality(attr.atttypid, index.opfamilies[position], index.input_types[position], context)?,
+                    collation: index.collations[position],
+                },
             });
         }
-        keys.sort_by_key(|k| k.index_column);
+        keys.sort_by_key(|k| k.lookup.index_column);
         // Keys by attnum, the version, then the other changes by attnum (see `coercions`).
         let mut coercions: Vec<(u8, i16, Value)> = keys.iter().enumerate().map(|(i, k)| (0, k.column.attnum, Value::Key(i))).collect();
         coercions.extend(columns.iter().enumerate().map(|(i, c)| (if i == version_position { 1 } else { 2 }, c.attnum, Value::Change(i))));
@@ -217,107 +219,37 @@ impl DirectUpdate {
         self.permissions.check(rel)?;
         let snapshot = StatementSnapshot::take()?;
         let new_version = new_values[self.version].0;
-        let mut scan_keys: Vec<pg_sys::ScanKeyData> = vec![std::mem::zeroed(); self.keys.len()];
-        let (index, old, newer) = catch(|| {
-            for ((scan_key, k), &given) in scan_keys.iter_mut().zip(&self.keys).zip(&given_key) {
-                ffi::ScanKeyEntryInitializeWithInfo(
-                    scan_key,
-                    0,
-                    k.index_column,
-                    pg_sys::BTEqualStrategyNumber as u16,
-                    pg_sys::InvalidOid,
-                    k.collation,
-                    (&*k.equal as *const pg_sys::FmgrInfo).cast_mut(),
-                    given,
-                );
+        let keys = || self.keys.iter().map(|k| &k.lookup).zip(given_key.iter().copied());
+        let changed = match FoundRow::find(rel, self.index, keys(), &snapshot)? {
+            Some(row) if self.is_newer(&row, new_version)? => {
+                let changes: Vec<(i16, pg_sys::Datum, bool)> =
+                    self.changes.iter().zip(&new_values).map(|(c, &(value, null))| (c.attnum, value, null)).collect();
+                let target = Target::begin(rel, &self.permissions)?;
+                // Following the row through concurrent updates until it lands or stops being
+                // the row the key names with an older version.
+                let changed = loop {
+                    match target.update(&row, &changes)? {
+                        Update::Updated => break true,
+                        Update::Skipped => break false,
+                        Update::Recheck if !(row.still_matches(keys())? && self.is_newer(&row, new_version)?) => break false,
+                        Update::Recheck => {}
+                    }
+                };
+                target.finish()?;
+                changed
             }
-            let index = ffi::index_open(self.index, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-            let old = ffi::MakeSingleTupleTableSlot((*rel).rd_att, ffi::table_slot_callbacks(rel));
-            let newer = find(rel, index, snapshot.get(), &mut scan_keys, old) && self.is_newer(old, new_version);
-            (index, old, newer)
-        })?;
-        let changed = newer && self.write(rel, old, &given_key, &new_values, new_version)?;
-        catch(|| {
-            ffi::ExecDropSingleTupleTableSlot(old);
-            ffi::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
-        })?;
+            _ => false,
+        };
         snapshot.release();
         Ok(changed)
     }
 
-    /// Writes the newer version over the row in `old`, following it through concurrent
-    /// updates until it lands or stops being newer.
-    unsafe fn write(
-        &self,
-        rel: pg_sys::Relation,
-        old: *mut pg_sys::TupleTableSlot,
-        given_key: &[pg_sys::Datum],
-        new_values: &[(pg_sys::Datum, bool)],
-        new_version: pg_sys::Datum,
-    ) -> Result<bool, PgError> {
-        let target = Target::begin(rel, &self.permissions)?;
-        let new = target.virtual_slot();
-        let changed = loop {
-            catch(|| self.fill(rel, old, new, new_values))?;
-            match target.update(old, new)? {
-                Update::Updated => break true,
-                Update::Skipped => break false,
-                // The row's newest version: still the row the key names, and still older?
-                Update::Recheck => {
-                    let still_wanted = catch(|| {
-                        self.keys.iter().zip(given_key).all(|(k, &given)| key_matches(old, k, given)) && self.is_newer(old, new_version)
-                    })?;
-                    if !still_wanted {
-                        break false;
-                    }
-                }
-            }
-        };
-        target.finish()?;
-        Ok(changed)
+    /// A stored NULL version is older than any version.
+    fn is_newer(&self, row: &FoundRow, new_version: pg_sys::Datum) -> Result<bool, PgError> {
+        let (stored, null) = row.value(self.changes[self.version].attnum);
+        // SAFETY: both are values of the version column's type, compared by its own order.
+        Ok(null || unsafe { catch(|| ffi::FunctionCall2Coll(self.version_order, self.version_collation, new_version, stored).value() as i32 > 0) }?)
     }
-
-    /// The new row in `new`: the old row's values with the changes over them. Unguarded.
-    unsafe fn fill(
-        &self,
-        rel: pg_sys::Relation,
-        old: *mut pg_sys::TupleTableSlot,
-        new: *mut pg_sys::TupleTableSlot,
-        new_values: &[(pg_sys::Datum, bool)],
-    ) {
-        let desc = (*rel).rd_att;
-        let natts = (*desc).natts as usize;
-        ffi::ExecClearTuple(new);
-        ffi::slot_getallattrs(old);
-        let (values, nulls) = ((*new).tts_values, (*new).tts_isnull);
-        ptr::copy_nonoverlapping((*old).tts_values, values, natts);
-        ptr::copy_nonoverlapping((*old).tts_isnull, nulls, natts);
-        for (i, attr) in attributes(rel).iter().enumerate() {
-            // A dropped column's old bits are not carried into the new row.
-            if attr.attisdropped {
-                *nulls.add(i) = true;
-            }
-        }
-        for (column, &(value, null)) in self.changes.iter().zip(new_values) {
-            let i = column.attnum as usize - 1;
-            (*values.add(i), *nulls.add(i)) = (value, null);
-        }
-        ffi::ExecStoreVirtualTuple(new);
-    }
-
-    /// A stored NULL version is older than any version. Unguarded.
-    unsafe fn is_newer(&self, old: *mut pg_sys::TupleTableSlot, new_version: pg_sys::Datum) -> bool {
-        let mut null = false;
-        let stored = ffi::slot_getattr(old, i32::from(self.changes[self.version].attnum), &mut null);
-        null || ffi::FunctionCall2Coll(self.version_order, self.version_collation, new_version, stored).value() as i32 > 0
-    }
-}
-
-/// Unguarded.
-unsafe fn key_matches(slot: *mut pg_sys::TupleTableSlot, key: &KeyColumn, given: pg_sys::Datum) -> bool {
-    let mut null = false;
-    let stored = ffi::slot_getattr(slot, i32::from(key.column.attnum), &mut null);
-    !null && ffi::FunctionCall2Coll((&*key.equal as *const pg_sys::FmgrInfo).cast_mut(), key.collation, stored, given).value() != 0
 }
 
 /// How `attr` takes a JSON member, or None for types jsonb_populate_record builds from JSON
@@ -482,50 +414,6 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
             }
         }
     }
-}
-
-struct UniqueIndex {
-    oid: pg_sys::Oid,
-    opfamilies: Vec<pg_sys::Oid>,
-    input_types: Vec<pg_sys::Oid>,
-    collations: Vec<pg_sys::Oid>,
-}
-
-/// A valid, immediate, non-partial btree unique index on exactly these columns, and where
-/// each of them sits in it.
-unsafe fn unique_index(rel: pg_sys::Relation, attnums: &[i16]) -> Option<(UniqueIndex, Vec<usize>)> {
-    let list = pg_sys::RelationGetIndexList(rel);
-    let found = (0..pg_sys::list_length(list)).find_map(|n| {
-        let index = pg_sys::index_open(pg_sys::list_nth_oid(list, n), pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let form = &*(*index).rd_index;
-        let columns = form.indnkeyatts as usize;
-        let keyed: Vec<i16> = (0..columns).map(|i| *form.indkey.values.as_ptr().add(i)).collect();
-        let usable = (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
-            && form.indisunique
-            && form.indisvalid
-            && form.indisready
-            && form.indislive
-            && columns == attnums.len()
-            && pg_sys::RelationGetIndexPredicate(index).is_null()
-            && pg_sys::RelationGetIndexExpressions(index).is_null();
-        let positions: Option<Vec<usize>> = attnums.iter().map(|a| keyed.iter().position(|k| k == a)).collect();
-        let result = match positions {
-            Some(positions) if usable => Some((
-                UniqueIndex {
-                    oid: (*index).rd_id,
-                    opfamilies: (0..columns).map(|i| *(*index).rd_opfamily.add(i)).collect(),
-                    input_types: (0..columns).map(|i| *(*index).rd_opcintype.add(i)).collect(),
-                    collations: (0..columns).map(|i| *(*index).rd_indcollation.add(i)).collect(),
-                },
-                positions,
-            )),
-            _ => None,
-        };
-        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
-        result
-    });
-    pg_sys::list_free(list);
-    found
 }
 
 /// The index's equality for a key column, when it is the column type's own `=` (the one the
