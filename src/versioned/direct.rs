@@ -106,9 +106,8 @@ pub struct DirectUpdate {
     version_collation: pg_sys::Oid,
     /// SELECT on the key and version columns, UPDATE on the changed ones, as for the statement.
     permissions: Permissions,
-    /// The order in which the values are made, as parse analysis coerces a statement's
-    /// literals (its WHERE before its SET): the key columns by attnum, the version, then the
-    /// other changes by attnum, so that of two bad values the same one is reported.
+    /// The order in which the values are made, the statement path's own (see [`Literals`]),
+    /// so that of two bad values the same one is reported.
     coercions: Vec<Value>,
 }
 
@@ -130,7 +129,15 @@ impl DirectUpdate {
     ///
     /// # Safety
     /// `rel` must be open.
-    pub unsafe fn plan(rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>], version: &str) -> Option<DirectUpdate> {
+    /// `order` is the order in which the values are made, as for the statement ([`Literals`]):
+    /// argument 0 is the key, 1 the changes.
+    pub unsafe fn plan(
+        rel: pg_sys::Relation,
+        key: &[Member<'_>],
+        changes: &[Member<'_>],
+        version: &str,
+        order: &[(usize, usize, &str, Literal)],
+    ) -> Option<DirectUpdate> {
         let version_position = changes.iter().position(|m| m.name == version)?;
         if !is_plain(rel) {
             return None;
@@ -152,8 +159,8 @@ impl DirectUpdate {
         if version_attr.atttypmod >= 0 {
             return None;
         }
-        let order = pg_sys::lookup_type_cache(version_attr.atttypid, pg_sys::TYPECACHE_CMP_PROC_FINFO as i32);
-        if (*order).cmp_proc_finfo.fn_oid == pg_sys::InvalidOid {
+        let version_type = pg_sys::lookup_type_cache(version_attr.atttypid, pg_sys::TYPECACHE_CMP_PROC_FINFO as i32);
+        if (*version_type).cmp_proc_finfo.fn_oid == pg_sys::InvalidOid {
             return None;
         }
 
@@ -178,10 +185,13 @@ impl DirectUpdate {
             });
         }
         keys.sort_by_key(|k| k.lookup.index_column);
-        // Keys by attnum, the version, then the other changes by attnum (see `coercions`).
-        let mut coercions: Vec<(u8, i16, Value)> = keys.iter().enumerate().map(|(i, k)| (0, k.column.attnum, Value::Key(i))).collect();
-        coercions.extend(columns.iter().enumerate().map(|(i, c)| (if i == version_position { 1 } else { 2 }, c.attnum, Value::Change(i))));
-        coercions.sort_by_key(|&(group, attnum, _)| (group, attnum));
+        let coercions = order
+            .iter()
+            .map(|&(argument, position, _, _)| match argument {
+                0 => keys.iter().position(|k| k.member == position).map(Value::Key),
+                _ => Some(Value::Change(position)),
+            })
+            .collect::<Option<Vec<_>>>()?;
         let selected: Vec<i16> = attnums.iter().copied().chain([version_attr.attnum]).collect();
         let updated: Vec<i16> = columns.iter().map(|c| c.attnum).collect();
         Some(DirectUpdate {
@@ -191,9 +201,9 @@ impl DirectUpdate {
             keys,
             changes: columns,
             version: version_position,
-            version_order: &raw mut (*order).cmp_proc_finfo,
+            version_order: &raw mut (*version_type).cmp_proc_finfo,
             version_collation: version_attr.attcollation,
-            coercions: coercions.into_iter().map(|(_, _, value)| value).collect(),
+            coercions,
         })
     }
 
@@ -452,7 +462,7 @@ mod tests {
             let key = object_members(jsonb(key), "key").unwrap();
             let changes = object_members(jsonb(changes), "changes").unwrap();
             let rel = pg_sys::table_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            let direct = DirectUpdate::plan(rel, &key, &changes, "version").is_some();
+            let direct = DirectUpdate::plan(rel, &key, &changes, "version", &[]).is_some();
             pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
             direct
         }

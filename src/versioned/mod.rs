@@ -363,7 +363,16 @@ fn versioned_update(
             )
             .hint("Pass the columns of the primary key or of a unique index, all of them and nothing else."));
         }
-        if let Some(direct) = unsafe { DirectUpdate::plan(rel, &key_members, &change_members, version) } {
+        // Keys by attnum, the version, then the other changes by attnum, as parse analysis
+        // takes a WHERE before its SET.
+        let keys = key_members.iter().enumerate().map(|(i, m)| (0, i, m.name));
+        let (versions, others): (Vec<_>, Vec<_>) =
+            change_members.iter().enumerate().map(|(i, m)| (1, i, m.name)).partition(|(_, _, name)| *name == version);
+        let mut order = table.by_attnum(keys, Literal::Key)?;
+        order.extend(table.by_attnum(versions.into_iter(), Literal::Change)?);
+        order.extend(table.by_attnum(others.into_iter(), Literal::Change)?);
+        // SAFETY: rel is the target, open; the order names the call's own members.
+        if let Some(direct) = unsafe { DirectUpdate::plan(rel, &key_members, &change_members, version, &order) } {
             return Ok(Plan::Direct(direct));
         }
         let mut set = Vec::new();
@@ -374,14 +383,6 @@ fn versioned_update(
         for member in &key_members {
             matches.push(format!("t.{} {} {}", quote_ident(member.name), table.equality(member.name)?, table.value_of("$1", member.name)?));
         }
-        // Keys by attnum, the version, then the other changes by attnum, as parse analysis
-        // takes a WHERE before its SET.
-        let keys = key_members.iter().enumerate().map(|(i, m)| (0, i, m.name));
-        let (versions, others): (Vec<_>, Vec<_>) =
-            change_members.iter().enumerate().map(|(i, m)| (1, i, m.name)).partition(|(_, _, name)| *name == version);
-        let mut order = table.by_attnum(keys, Literal::Key)?;
-        order.extend(table.by_attnum(versions.into_iter(), Literal::Change)?);
-        order.extend(table.by_attnum(others.into_iter(), Literal::Change)?);
         let v = quote_ident(version);
         let sql = format!(
             "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version})",
