@@ -63,7 +63,8 @@ struct Ledger {
 }
 
 /// The ledger's columns, in table order, as sql/schema.sql creates them.
-const LEDGER_TYPES: [pg_sys::Oid; 5] = [pg_sys::UUIDOID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::UUIDOID, pg_sys::JSONBOID];
+const LEDGER_TYPES: [pg_sys::Oid; 5] =
+    [pg_sys::UUIDOID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::UUIDOID, pg_sys::JSONBOID];
 const KEY_DIGEST: usize = 0;
 const SCOPE_ID: usize = 1;
 const CLAIMED_AT: usize = 2;
@@ -141,15 +142,16 @@ impl Ledger {
             }
             // The statement finds its arbiters when it is planned, before its privileges are
             // checked: without one it is the statement's 42P10, whatever the role may do.
-            let opened = ledger_permissions((*rel).rd_id, columns, |p| -> Result<Option<(Target, *mut pg_sys::List)>> {
-                let target = Target::begin(rel, p)?;
-                let Some(arbiters) = target.arbiters(&[attnum(KEY_DIGEST)]) else {
-                    target.finish()?;
-                    return Ok(None);
-                };
-                p.check(rel)?;
-                Ok(Some((target, arbiters)))
-            })?;
+            let opened =
+                ledger_permissions((*rel).rd_id, columns, |p| -> Result<Option<(Target, *mut pg_sys::List)>> {
+                    let target = Target::begin(rel, p)?;
+                    let Some(arbiters) = target.arbiters(&[attnum(KEY_DIGEST)]) else {
+                        target.finish()?;
+                        return Ok(None);
+                    };
+                    p.check(rel)?;
+                    Ok(Some((target, arbiters)))
+                })?;
             let Some((target, arbiters)) = opened else {
                 close();
                 return Ok(None);
@@ -173,7 +175,8 @@ impl Ledger {
             (values[KEY_DIGEST], nulls[KEY_DIGEST]) = (digest.into_datum().expect("a uuid datum"), false);
             (values[SCOPE_ID], nulls[SCOPE_ID]) = (pg_sys::Datum::from(scope_id), false);
             // The column's default, now(), which has_ledger_shape made sure it still is.
-            (values[CLAIMED_AT], nulls[CLAIMED_AT]) = (pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp()), false);
+            (values[CLAIMED_AT], nulls[CLAIMED_AT]) =
+                (pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp()), false);
             if let Some(fingerprint) = fingerprint {
                 (values[FINGERPRINT], nulls[FINGERPRINT]) = (fingerprint.into_datum().expect("a uuid datum"), false);
             }
@@ -283,8 +286,12 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
         }
         let inserted = match fingerprint {
             Some(f) => INSERT_CLAIM_WITH_FINGERPRINT
-                .run(&[DatumWithOid::from(digest), DatumWithOid::from(scope.id), DatumWithOid::from(f)], |rows| rows.len() == 1),
-            None => INSERT_CLAIM.run(&[DatumWithOid::from(digest), DatumWithOid::from(scope.id)], |rows| rows.len() == 1),
+                .run(&[DatumWithOid::from(digest), DatumWithOid::from(scope.id), DatumWithOid::from(f)], |rows| {
+                    rows.len() == 1
+                }),
+            None => {
+                INSERT_CLAIM.run(&[DatumWithOid::from(digest), DatumWithOid::from(scope.id)], |rows| rows.len() == 1)
+            }
         };
         Ok(inserted?)
     };
@@ -305,7 +312,8 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
 
     // A duplicate: read the first claim (INSERT first, then read; never the reverse).
     let first = READ_CLAIM.run(&[DatumWithOid::from(digest)], |rows| {
-        (!rows.is_empty()).then(|| (rows.get::<TimestampWithTimeZone>(0, 1), rows.get::<Uuid>(0, 2), rows.get::<JsonB>(0, 3)))
+        (!rows.is_empty())
+            .then(|| (rows.get::<TimestampWithTimeZone>(0, 1), rows.get::<Uuid>(0, 2), rows.get::<JsonB>(0, 3)))
     })?;
     let Some((claimed_at, stored, result)) = first else {
         // Purged between our conflict and our read: still a duplicate, with nothing to replay.
@@ -316,7 +324,11 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
             let when = claimed_at.map(|t| t.to_string()).unwrap_or_default();
             return Err(IdemError::new(
                 SqlState::PayloadMismatch,
-                format!("key \"{}\" in scope \"{}\" was already claimed with a different payload", abbreviate(key), scope.name),
+                format!(
+                    "key \"{}\" in scope \"{}\" was already claimed with a different payload",
+                    abbreviate(key),
+                    scope.name
+                ),
             )
             .detail(format!("The first claim was made at {when}; this payload's canonical fingerprint differs."))
             .hint("A producer reused a key for another message. Derive keys from the message's business identity."));

@@ -111,11 +111,19 @@ fn canonical_number(text: &str) -> String {
     let trimmed = match text.split_once('.') {
         Some((int, frac)) => {
             let frac = frac.trim_end_matches('0');
-            if frac.is_empty() { int.to_string() } else { format!("{int}.{frac}") }
+            if frac.is_empty() {
+                int.to_string()
+            } else {
+                format!("{int}.{frac}")
+            }
         }
         None => text.to_string(),
     };
-    if trimmed == "-0" { "0".into() } else { trimmed }
+    if trimmed == "-0" {
+        "0".into()
+    } else {
+        trimmed
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -123,9 +123,7 @@ impl From<PgError> for IdemError {
 /// An argument that must not be NULL. Functions are not STRICT so that a NULL is refused
 /// loudly instead of silently turning the call into NULL (and the message into "processed").
 pub fn required<T>(value: Option<T>, name: &str) -> Result<T> {
-    value.ok_or_else(|| {
-        IdemError::new(SqlState::NullValueNotAllowed, format!("{name} must not be NULL"))
-    })
+    value.ok_or_else(|| IdemError::new(SqlState::NullValueNotAllowed, format!("{name} must not be NULL")))
 }
 
 thread_local! {
@@ -235,9 +233,7 @@ macro_rules! sqlstate_entry {
 
         #[no_mangle]
         #[doc(hidden)]
-        pub unsafe extern "C-unwind" fn $entry(
-            fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
-        ) -> ::pgrx::pg_sys::Datum {
+        pub unsafe extern "C-unwind" fn $entry(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
             let datum = $wrapper(fcinfo);
             $crate::error::raise_pending();
             datum

@@ -47,7 +47,11 @@ unsafe fn offset(children: *const u32, index: usize) -> usize {
 unsafe fn length(children: *const u32, index: usize, start: usize) -> usize {
     let entry = *children.add(index);
     let field = (entry & JENTRY_OFFLENMASK) as usize;
-    if entry & JENTRY_HAS_OFF != 0 { field - start } else { field }
+    if entry & JENTRY_HAS_OFF != 0 {
+        field - start
+    } else {
+        field
+    }
 }
 
 const fn int_align(n: usize) -> usize {
@@ -62,7 +66,8 @@ const fn int_align(n: usize) -> usize {
 pub unsafe fn object_members<'a>(datum: pg_sys::Datum, argument: &str) -> Result<Vec<Member<'a>>> {
     // pg_detoast_datum's own test, without a call for the plain values arguments usually are.
     let varlena = datum.cast_mut_ptr::<pg_sys::varlena>();
-    let jsonb = if pgrx::varlena::varatt_is_4b_u(varlena) { varlena } else { pg_sys::pg_detoast_datum(varlena) } as *mut pg_sys::Jsonb;
+    let jsonb = if pgrx::varlena::varatt_is_4b_u(varlena) { varlena } else { pg_sys::pg_detoast_datum(varlena) }
+        as *mut pg_sys::Jsonb;
     let root = &raw const (*jsonb).root;
     let header = (*root).header;
     if header & JB_FOBJECT == 0 {
@@ -139,7 +144,8 @@ pub unsafe fn integer(numeric: pg_sys::Numeric) -> Option<i64> {
         NUMERIC_SPECIAL => return None,
         NUMERIC_SHORT => {
             let weight = header & NUMERIC_SHORT_WEIGHT_MASK;
-            let sign_extended = if header & NUMERIC_SHORT_WEIGHT_SIGN_MASK != 0 { weight | !NUMERIC_SHORT_WEIGHT_MASK } else { weight };
+            let sign_extended =
+                if header & NUMERIC_SHORT_WEIGHT_SIGN_MASK != 0 { weight | !NUMERIC_SHORT_WEIGHT_MASK } else { weight };
             (
                 header & NUMERIC_SHORT_SIGN_MASK != 0,
                 (header & NUMERIC_SHORT_DSCALE_MASK) >> NUMERIC_SHORT_DSCALE_SHIFT,
@@ -176,7 +182,14 @@ mod tests {
     /// A jsonb datum parsed from text, living in the current memory context.
     fn jsonb(text: &str) -> pg_sys::Datum {
         let text = std::ffi::CString::new(text).unwrap();
-        unsafe { pg_sys::OidInputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_IN), text.as_ptr().cast_mut(), pg_sys::InvalidOid, -1) }
+        unsafe {
+            pg_sys::OidInputFunctionCall(
+                pg_sys::Oid::from(pg_sys::F_JSONB_IN),
+                text.as_ptr().cast_mut(),
+                pg_sys::InvalidOid,
+                -1,
+            )
+        }
     }
 
     /// A member as "name=type:value", the value as jsonb_each's `value #>> '{}'` shows it.
@@ -190,7 +203,10 @@ mod tests {
                     ("string", String::from_utf8(bytes.to_vec()).unwrap())
                 }
                 pg_sys::jbvType::jbvNumeric => {
-                    let out = pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_NUMERIC_OUT), pg_sys::Datum::from(v.val.numeric));
+                    let out = pg_sys::OidOutputFunctionCall(
+                        pg_sys::Oid::from(pg_sys::F_NUMERIC_OUT),
+                        pg_sys::Datum::from(v.val.numeric),
+                    );
                     ("number", std::ffi::CStr::from_ptr(out).to_string_lossy().into_owned())
                 }
                 pg_sys::jbvType::jbvBool => ("boolean", v.val.boolean.to_string()),
@@ -250,11 +266,39 @@ mod tests {
     fn integers_read_from_numeric_bytes_match_their_text() {
         // What an integer column's input function makes of numeric's own text for the number.
         let texts = [
-            "0", "-0", "1", "-1", "7", "9999", "10000", "10001", "-10000", "99999999", "100000000",
-            "123456789", "1e3", "1.5e1", "-2.5e3", "1.0", "0.5", "-0.0", "1e-2", "120e-1",
-            "123456789012345678", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
-            "-9223372036854775809", "1e18", "1e19", "-1e19", "1e30", "12345678901234567890123",
-            "100000000000000000000000000000000", "0.000001", "31415926535897932384626433832795e-31",
+            "0",
+            "-0",
+            "1",
+            "-1",
+            "7",
+            "9999",
+            "10000",
+            "10001",
+            "-10000",
+            "99999999",
+            "100000000",
+            "123456789",
+            "1e3",
+            "1.5e1",
+            "-2.5e3",
+            "1.0",
+            "0.5",
+            "-0.0",
+            "1e-2",
+            "120e-1",
+            "123456789012345678",
+            "9223372036854775807",
+            "9223372036854775808",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "1e18",
+            "1e19",
+            "-1e19",
+            "1e30",
+            "12345678901234567890123",
+            "100000000000000000000000000000000",
+            "0.000001",
+            "31415926535897932384626433832795e-31",
         ];
         for text in texts {
             let document = format!(r#"{{"n": {text}}}"#);

@@ -35,8 +35,9 @@ fn business_key(parts: Option<Array<'_, &str>>) -> Result<String> {
     let parts = required(parts, "parts")?;
     join_parts(parts.iter().enumerate().map(|(i, part)| {
         part.map(Into::into).ok_or_else(|| {
-            IdemError::new(SqlState::NullValueNotAllowed, format!("key part {} is NULL", i + 1))
-                .hint("A missing field would make different messages share a key; pass the value or leave the part out.")
+            IdemError::new(SqlState::NullValueNotAllowed, format!("key part {} is NULL", i + 1)).hint(
+                "A missing field would make different messages share a key; pass the value or leave the part out.",
+            )
         })
     }))
 }

@@ -137,7 +137,13 @@ pub unsafe fn open_owned(
         }
         loop {
             // The extension may have been dropped and created again since the OIDs were found.
-            if !ffi::SearchSysCacheExists(pg_sys::SysCacheIdentifier::NAMESPACEOID as i32, schema.into(), 0.into(), 0.into(), 0.into()) {
+            if !ffi::SearchSysCacheExists(
+                pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
+                schema.into(),
+                0.into(),
+                0.into(),
+                0.into(),
+            ) {
                 (schema, oid) = find_owned(schema_name, name);
                 cached.set((schema, oid));
             }
@@ -427,7 +433,10 @@ impl FoundRow {
     ///
     /// # Safety
     /// As for [`FoundRow::find`].
-    pub unsafe fn still_matches<'k>(&self, mut keys: impl Iterator<Item = (&'k KeyLookup, pg_sys::Datum)>) -> Result<bool> {
+    pub unsafe fn still_matches<'k>(
+        &self,
+        mut keys: impl Iterator<Item = (&'k KeyLookup, pg_sys::Datum)>,
+    ) -> Result<bool> {
         catch(|| keys.all(|(k, given)| k.matches(self, given)))
     }
 }
@@ -473,7 +482,9 @@ impl Target {
     /// A slot of the table's own kind, freed with the target.
     pub fn table_slot(&self) -> *mut pg_sys::TupleTableSlot {
         // SAFETY: the estate lives until finish(); allocation raises only on OOM.
-        unsafe { pg_sys::ExecInitExtraTupleSlot(self.estate, (*self.rel).rd_att, pg_sys::table_slot_callbacks(self.rel)) }
+        unsafe {
+            pg_sys::ExecInitExtraTupleSlot(self.estate, (*self.rel).rd_att, pg_sys::table_slot_callbacks(self.rel))
+        }
     }
 
     /// A slot for building a row value by value, freed with the target.
@@ -527,7 +538,8 @@ impl Target {
         // The index and heap code allocate as they go; each row's share lives in the
         // per-tuple context, emptied when the row is done, so a batch runs in constant memory.
         let caller = catch(|| {
-            let caller = pg_sys::MemoryContextSwitchTo((*ffi::MakePerTupleExprContext(self.estate)).ecxt_per_tuple_memory);
+            let caller =
+                pg_sys::MemoryContextSwitchTo((*ffi::MakePerTupleExprContext(self.estate)).ecxt_per_tuple_memory);
             // ExecInsert names the table before the constraints run: a CHECK may read tableoid.
             (*slot).tts_tableOid = (*self.rel).rd_id;
             if !(*(*self.rel).rd_att).constr.is_null() {
@@ -544,7 +556,14 @@ impl Target {
                 }
                 let xid = ffi::GetCurrentTransactionId();
                 let token = ffi::SpeculativeInsertionLockAcquire(xid);
-                ffi::table_tuple_insert_speculative(self.rel, slot, (*self.estate).es_output_cid, 0, ptr::null_mut(), token);
+                ffi::table_tuple_insert_speculative(
+                    self.rel,
+                    slot,
+                    (*self.estate).es_output_cid,
+                    0,
+                    ptr::null_mut(),
+                    token,
+                );
                 let mut lost_race = false;
                 ffi::ExecInsertIndexTuples(self.rri, slot, self.estate, false, true, &mut lost_race, arbiters);
                 ffi::table_tuple_complete_speculative(self.rel, slot, token, !lost_race);
@@ -566,7 +585,11 @@ impl Target {
 
     /// ExecCheckTIDVisible: under REPEATABLE READ and SERIALIZABLE a conflict with a row the
     /// transaction's snapshot cannot see is a serialization failure, not a duplicate.
-    unsafe fn check_conflict_visible(&self, tid: &mut pg_sys::ItemPointerData, scratch: *mut pg_sys::TupleTableSlot) -> Result<()> {
+    unsafe fn check_conflict_visible(
+        &self,
+        tid: &mut pg_sys::ItemPointerData,
+        scratch: *mut pg_sys::TupleTableSlot,
+    ) -> Result<()> {
         if !uses_transaction_snapshot() {
             return Ok(());
         }
@@ -676,7 +699,12 @@ impl Target {
     }
 
     /// The new row in `new`: the old row's values with the changes over them. Unguarded.
-    unsafe fn fill(&self, old: *mut pg_sys::TupleTableSlot, new: *mut pg_sys::TupleTableSlot, changes: &[(i16, pg_sys::Datum, bool)]) {
+    unsafe fn fill(
+        &self,
+        old: *mut pg_sys::TupleTableSlot,
+        new: *mut pg_sys::TupleTableSlot,
+        changes: &[(i16, pg_sys::Datum, bool)],
+    ) {
         let natts = (*(*self.rel).rd_att).natts as usize;
         ffi::ExecClearTuple(new);
         ffi::slot_getallattrs(old);

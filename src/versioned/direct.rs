@@ -15,7 +15,9 @@ use std::ptr;
 use pgrx::pg_sys;
 
 use crate::jsonb::{integer, Member};
-use crate::postgres::write::{attributes, is_plain, unique_index, FoundRow, KeyLookup, Permissions, StatementSnapshot, Target, Update};
+use crate::postgres::write::{
+    attributes, is_plain, unique_index, FoundRow, KeyLookup, Permissions, StatementSnapshot, Target, Update,
+};
 use crate::postgres::{catch, ffi, PgError};
 
 /// How a JSON member becomes a value of its column.
@@ -36,7 +38,10 @@ enum Shortcut {
     Text,
     /// int2, int4, int8: a JSON integer within the type's range is the value; anything else
     /// ("5.0", out of range, a string) takes the input function and its exact error.
-    Integer { min: i64, max: i64 },
+    Integer {
+        min: i64,
+        max: i64,
+    },
 }
 
 impl Shortcut {
@@ -81,7 +86,9 @@ struct OwnedContext(pg_sys::MemoryContext);
 impl OwnedContext {
     fn new(name: &'static std::ffi::CStr) -> OwnedContext {
         // SAFETY: a child of TopMemoryContext, named by a static string.
-        OwnedContext(unsafe { pg_sys::AllocSetContextCreateInternal(pg_sys::TopMemoryContext, name.as_ptr(), 0, 1024, 8 * 1024) })
+        OwnedContext(unsafe {
+            pg_sys::AllocSetContextCreateInternal(pg_sys::TopMemoryContext, name.as_ptr(), 0, 1024, 8 * 1024)
+        })
     }
 }
 
@@ -164,7 +171,8 @@ impl DirectUpdate {
             return None;
         }
 
-        let key_attrs: Vec<&pg_sys::FormData_pg_attribute> = key.iter().map(|m| attribute(rel, m.name)).collect::<Option<_>>()?;
+        let key_attrs: Vec<&pg_sys::FormData_pg_attribute> =
+            key.iter().map(|m| attribute(rel, m.name)).collect::<Option<_>>()?;
         let attnums: Vec<i16> = key_attrs.iter().map(|a| a.attnum).collect();
         let (index, positions) = unique_index(rel, &attnums)?;
         let mut keys = Vec::with_capacity(key.len());
@@ -195,7 +203,14 @@ impl DirectUpdate {
         let selected: Vec<i16> = attnums.iter().copied().chain([version_attr.attnum]).collect();
         let updated: Vec<i16> = columns.iter().map(|c| c.attnum).collect();
         Some(DirectUpdate {
-            permissions: Permissions::new((*rel).rd_id, pg_sys::ACL_SELECT | pg_sys::ACL_UPDATE, &selected, &[], &updated, context),
+            permissions: Permissions::new(
+                (*rel).rd_id,
+                pg_sys::ACL_SELECT | pg_sys::ACL_UPDATE,
+                &selected,
+                &[],
+                &updated,
+                context,
+            ),
             _context: owned,
             index: index.oid,
             keys,
@@ -213,7 +228,12 @@ impl DirectUpdate {
     /// # Safety
     /// `rel` must be the plan's table, open with RowExclusiveLock; the members must be those
     /// the plan was made for, in the same order.
-    pub unsafe fn run(&self, rel: pg_sys::Relation, key: &[Member<'_>], changes: &[Member<'_>]) -> Result<bool, PgError> {
+    pub unsafe fn run(
+        &self,
+        rel: pg_sys::Relation,
+        key: &[Member<'_>],
+        changes: &[Member<'_>],
+    ) -> Result<bool, PgError> {
         // Values first, as a client's literals or parameters become values before the
         // statement is planned or its privileges checked.
         let mut given_key = vec![pg_sys::Datum::from(0); self.keys.len()];
@@ -222,7 +242,9 @@ impl DirectUpdate {
             for value in &self.coercions {
                 match *value {
                     Value::Change(i) => new_values[i] = coerce(&self.changes[i].input, &changes[i].value),
-                    Value::Key(i) => given_key[i] = coerce(&self.keys[i].column.input, &key[self.keys[i].member].value).0,
+                    Value::Key(i) => {
+                        given_key[i] = coerce(&self.keys[i].column.input, &key[self.keys[i].member].value).0
+                    }
                 }
             }
         })?;
@@ -241,7 +263,9 @@ impl DirectUpdate {
                     match target.update(&row, &changes)? {
                         Update::Updated => break true,
                         Update::Skipped => break false,
-                        Update::Recheck if !(row.still_matches(keys())? && self.is_newer(&row, new_version)?) => break false,
+                        Update::Recheck if !(row.still_matches(keys())? && self.is_newer(&row, new_version)?) => {
+                            break false
+                        }
                         Update::Recheck => {}
                     }
                 };
@@ -258,7 +282,14 @@ impl DirectUpdate {
     fn is_newer(&self, row: &FoundRow, new_version: pg_sys::Datum) -> Result<bool, PgError> {
         let (stored, null) = row.value(self.changes[self.version].attnum);
         // SAFETY: both are values of the version column's type, compared by its own order.
-        Ok(null || unsafe { catch(|| ffi::FunctionCall2Coll(self.version_order, self.version_collation, new_version, stored).value() as i32 > 0) }?)
+        Ok(null
+            || unsafe {
+                catch(|| {
+                    ffi::FunctionCall2Coll(self.version_order, self.version_collation, new_version, stored).value()
+                        as i32
+                        > 0
+                })
+            }?)
     }
 }
 
@@ -308,7 +339,10 @@ unsafe fn text_input(type_oid: pg_sys::Oid, typmod: i32, explicit: bool, context
 /// The length coercion of `base` to `typmod`, if the type has one and the typmod is set.
 unsafe fn fit(base: pg_sys::Oid, typmod: i32, explicit: bool, context: pg_sys::MemoryContext) -> Option<Fit> {
     let mut function_oid = pg_sys::InvalidOid;
-    if typmod < 0 || pg_sys::find_typmod_coercion_function(base, &mut function_oid) != pg_sys::CoercionPathType::COERCION_PATH_FUNC {
+    if typmod < 0
+        || pg_sys::find_typmod_coercion_function(base, &mut function_oid)
+            != pg_sys::CoercionPathType::COERCION_PATH_FUNC
+    {
         return None;
     }
     let mut function = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
@@ -402,15 +436,21 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
         return (pg_sys::Datum::from(0), true);
     }
     match input {
-        Input::Jsonb => (pg_sys::Datum::from(ffi::JsonbValueToJsonb((value as *const pg_sys::JsonbValue).cast_mut())), false),
+        Input::Jsonb => {
+            (pg_sys::Datum::from(ffi::JsonbValueToJsonb((value as *const pg_sys::JsonbValue).cast_mut())), false)
+        }
         Input::Text { function, io_param, typmod, shortcut, fit } => {
             if let Some(datum) = shortcut.apply(value) {
                 return (datum, false);
             }
             let text = match value.type_ {
                 pg_sys::jbvType::jbvString => ffi::pnstrdup(value.val.string.val, value.val.string.len as usize),
-                pg_sys::jbvType::jbvBool => ffi::pnstrdup(if value.val.boolean { c"true" } else { c"false" }.as_ptr(), 5),
-                pg_sys::jbvType::jbvNumeric => ffi::OutputFunctionCall(numeric_out(), pg_sys::Datum::from(value.val.numeric)),
+                pg_sys::jbvType::jbvBool => {
+                    ffi::pnstrdup(if value.val.boolean { c"true" } else { c"false" }.as_ptr(), 5)
+                }
+                pg_sys::jbvType::jbvNumeric => {
+                    ffi::OutputFunctionCall(numeric_out(), pg_sys::Datum::from(value.val.numeric))
+                }
                 _ => ffi::JsonbToCString(ptr::null_mut(), value.val.binary.data, value.val.binary.len),
             };
             let function = (&**function as *const pg_sys::FmgrInfo).cast_mut();
@@ -419,7 +459,16 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
                 None => (value, false),
                 Some(fit) => {
                     let function = (&*fit.function as *const pg_sys::FmgrInfo).cast_mut();
-                    (ffi::FunctionCall3Coll(function, pg_sys::InvalidOid, value, fit.typmod.into(), fit.explicit.into()), false)
+                    (
+                        ffi::FunctionCall3Coll(
+                            function,
+                            pg_sys::InvalidOid,
+                            value,
+                            fit.typmod.into(),
+                            fit.explicit.into(),
+                        ),
+                        false,
+                    )
                 }
             }
         }
@@ -455,7 +504,14 @@ mod tests {
     fn is_direct(table: &str, key: &str, changes: &str) -> bool {
         let jsonb = |text: &str| {
             let text = std::ffi::CString::new(text).unwrap();
-            unsafe { pg_sys::OidInputFunctionCall(pg_sys::Oid::from(pg_sys::F_JSONB_IN), text.as_ptr().cast_mut(), pg_sys::InvalidOid, -1) }
+            unsafe {
+                pg_sys::OidInputFunctionCall(
+                    pg_sys::Oid::from(pg_sys::F_JSONB_IN),
+                    text.as_ptr().cast_mut(),
+                    pg_sys::InvalidOid,
+                    -1,
+                )
+            }
         };
         let oid = Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{table}'::regclass::oid")).unwrap().unwrap();
         unsafe {

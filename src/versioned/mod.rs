@@ -91,9 +91,13 @@ impl Table {
     pub fn load(target: Option<pg_sys::Oid>) -> Result<Table> {
         let oid = required(target, "target")?;
         let (kind, name) = RELATION
-            .run(&[DatumWithOid::from(oid)], |rows| (!rows.is_empty()).then(|| (rows.get::<String>(0, 1), rows.get::<String>(0, 2))))?
+            .run(&[DatumWithOid::from(oid)], |rows| {
+                (!rows.is_empty()).then(|| (rows.get::<String>(0, 1), rows.get::<String>(0, 2)))
+            })?
             .and_then(|(k, n)| Some((k?, n?)))
-            .ok_or_else(|| IdemError::new(SqlState::UndefinedTable, format!("relation with OID {} does not exist", oid.to_u32())))?;
+            .ok_or_else(|| {
+                IdemError::new(SqlState::UndefinedTable, format!("relation with OID {} does not exist", oid.to_u32()))
+            })?;
         if kind != "r" && kind != "p" {
             return Err(IdemError::new(SqlState::WrongObjectType, format!("{name} is not a table"))
                 .detail("Versioned writes need a table (or a partitioned table) with a unique key, not a view or another relation kind.")
@@ -148,7 +152,11 @@ impl Table {
     }
 
     /// Members, given as (argument, position, name), in attnum order with how each is made.
-    fn by_attnum<'m>(&self, members: impl Iterator<Item = (usize, usize, &'m str)>, literal: Literal) -> Result<Vec<(usize, usize, &'m str, Literal)>> {
+    fn by_attnum<'m>(
+        &self,
+        members: impl Iterator<Item = (usize, usize, &'m str)>,
+        literal: Literal,
+    ) -> Result<Vec<(usize, usize, &'m str, Literal)>> {
         let mut sorted = Vec::new();
         for (argument, position, name) in members {
             sorted.push((self.get(name)?.attnum, (argument, position, name, literal)));
@@ -262,7 +270,12 @@ fn cached_plan(table: pg_sys::Oid, signature: String, build: impl FnOnce() -> Re
 
 /// A statement plan: the generated statement, and its values made as the hand-written
 /// statement's literals are made when it is parsed (see [`Literals`]).
-fn statement_plan(rel: pg_sys::Relation, order: &[(usize, usize, &str, Literal)], write: &str, args: &[pg_sys::Oid]) -> Result<Plan> {
+fn statement_plan(
+    rel: pg_sys::Relation,
+    order: &[(usize, usize, &str, Literal)],
+    write: &str,
+    args: &[pg_sys::Oid],
+) -> Result<Plan> {
     // SAFETY: rel is the target, open; the order names the call's own members.
     let literals = unsafe { Literals::plan(rel, order) }.expect("the members' columns were checked to exist");
     Ok(Plan::Statement { literals, write: prepare(write, args)? })
@@ -274,7 +287,8 @@ fn run_statement(plan: &Plan, members: &[&[Member<'_>]], args: &[pg_sys::Datum])
     let Plan::Statement { literals, write } = plan else { unreachable!("a direct plan is run by its caller") };
     literals.make(members)?;
     // SAFETY: the datums are the caller's jsonb arguments, alive for the call.
-    let args: Vec<DatumWithOid<'static>> = args.iter().map(|&d| unsafe { DatumWithOid::new(d, pg_sys::JSONBOID) }).collect();
+    let args: Vec<DatumWithOid<'static>> =
+        args.iter().map(|&d| unsafe { DatumWithOid::new(d, pg_sys::JSONBOID) }).collect();
     Ok(execute(write, &args, |rows| !rows.is_empty())?)
 }
 
@@ -298,7 +312,10 @@ fn signature(operation: &str, version: &str, sets: &[&[Member<'_>]]) -> String {
 fn version_value(target: Option<pg_sys::Oid>, members: &[Member<'_>], version: &str, within: &str) -> Result<()> {
     match members.iter().find(|m| m.name == version) {
         None => Err(Table::load(target)?.column(version).err().unwrap_or_else(|| {
-            IdemError::new(SqlState::InvalidParameterValue, format!("{within} must hold the version column \"{version}\""))
+            IdemError::new(
+                SqlState::InvalidParameterValue,
+                format!("{within} must hold the version column \"{version}\""),
+            )
         })),
         Some(m) if m.is_null => {
             Err(IdemError::new(SqlState::NullValueNotAllowed, format!("version \"{version}\" must not be NULL")))
@@ -327,14 +344,23 @@ fn versioned_update(
     }
     for member in &key_members {
         if member.is_null {
-            return Err(IdemError::new(SqlState::NullValueNotAllowed, format!("key column \"{}\" must not be NULL", member.name)));
+            return Err(IdemError::new(
+                SqlState::NullValueNotAllowed,
+                format!("key column \"{}\" must not be NULL", member.name),
+            ));
         }
         if member.name == version {
-            return Err(IdemError::new(SqlState::InvalidParameterValue, format!("the version column \"{version}\" cannot be part of the key")));
+            return Err(IdemError::new(
+                SqlState::InvalidParameterValue,
+                format!("the version column \"{version}\" cannot be part of the key"),
+            ));
         }
         // A versioned write changes a row, never which row it is.
         if change_members.iter().any(|c| c.name == member.name) {
-            return Err(IdemError::new(SqlState::InvalidParameterValue, format!("changes cannot include key column \"{}\"", member.name)));
+            return Err(IdemError::new(
+                SqlState::InvalidParameterValue,
+                format!("changes cannot include key column \"{}\"", member.name),
+            ));
         }
     }
     let table_oid = required(target, "target")?;
@@ -381,7 +407,12 @@ fn versioned_update(
         }
         let mut matches = Vec::new();
         for member in &key_members {
-            matches.push(format!("t.{} {} {}", quote_ident(member.name), table.equality(member.name)?, table.value_of("$1", member.name)?));
+            matches.push(format!(
+                "t.{} {} {}",
+                quote_ident(member.name),
+                table.equality(member.name)?,
+                table.value_of("$1", member.name)?
+            ));
         }
         let v = quote_ident(version);
         let sql = format!(
@@ -410,7 +441,10 @@ fn open_target(table_oid: pg_sys::Oid) -> Result<pg_sys::Relation> {
     // SAFETY: the step holds nothing with a destructor.
     let rel = unsafe { catch(|| ffi::try_relation_open(table_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE))? };
     if rel.is_null() {
-        return Err(IdemError::new(SqlState::UndefinedTable, format!("relation with OID {} does not exist", table_oid.to_u32())));
+        return Err(IdemError::new(
+            SqlState::UndefinedTable,
+            format!("relation with OID {} does not exist", table_oid.to_u32()),
+        ));
     }
     Ok(rel)
 }
@@ -536,7 +570,12 @@ fn name_arg(name: Option<&CStr>) -> Result<Option<&str>> {
 #[pg_extern(sql = false)]
 fn idem_versioned_update(fcinfo: pg_sys::FunctionCallInfo) -> Option<bool> {
     let (target, key, changes, version) = unsafe {
-        (pg_getarg::<pg_sys::Oid>(fcinfo, 0), pg_getarg_datum(fcinfo, 1), pg_getarg_datum(fcinfo, 2), pg_getarg::<&CStr>(fcinfo, 3))
+        (
+            pg_getarg::<pg_sys::Oid>(fcinfo, 0),
+            pg_getarg_datum(fcinfo, 1),
+            pg_getarg_datum(fcinfo, 2),
+            pg_getarg::<&CStr>(fcinfo, 3),
+        )
     };
     finish(name_arg(version).and_then(|v| versioned_update(target, key, changes, v)))
 }

@@ -79,7 +79,11 @@ fn same_error(setup: &str, ours: &str, theirs: &str) -> Fields {
     let expected = error_of(&mut client, setup, theirs);
     for direct in ["on", "off"] {
         let setup = format!("SET LOCAL idempotency.direct_writes = {direct}; {setup}");
-        assert_eq!(error_of(&mut client, &setup, ours), expected, "{ours} with direct writes {direct}, against {theirs}");
+        assert_eq!(
+            error_of(&mut client, &setup, ours),
+            expected,
+            "{ours} with direct writes {direct}, against {theirs}"
+        );
     }
     expected
 }
@@ -108,7 +112,8 @@ fn a_check_violation_names_its_constraint_and_the_failing_row() {
 
 #[test]
 fn a_triggers_own_sqlstate_detail_hint_and_context_pass_through() {
-    let ledger = "CREATE TRIGGER quota BEFORE INSERT ON idempotency.ledger FOR EACH ROW EXECUTE FUNCTION refuse_quota();";
+    let ledger =
+        "CREATE TRIGGER quota BEFORE INSERT ON idempotency.ledger FOR EACH ROW EXECUTE FUNCTION refuse_quota();";
     let error = same_error(
         ledger,
         "SELECT idem_claim('quota-1')",
@@ -168,14 +173,16 @@ fn waiting_claim_error(key: &str, end: &str) -> Vec<Fields> {
 
 #[test]
 fn a_lock_timeout_while_waiting_for_a_claim_is_the_statements() {
-    let [direct, statement, hand] = <[Fields; 3]>::try_from(waiting_claim_error("waited-out", "lock_timeout")).expect("three ways");
+    let [direct, statement, hand] =
+        <[Fields; 3]>::try_from(waiting_claim_error("waited-out", "lock_timeout")).expect("three ways");
     assert_eq!((&direct, &statement), (&hand, &hand));
     assert_eq!(hand.code, "55P03");
 }
 
 #[test]
 fn a_cancelled_wait_for_a_claim_is_the_statements() {
-    let [direct, statement, hand] = <[Fields; 3]>::try_from(waiting_claim_error("cancelled", "cancel")).expect("three ways");
+    let [direct, statement, hand] =
+        <[Fields; 3]>::try_from(waiting_claim_error("cancelled", "cancel")).expect("three ways");
     assert_eq!((&direct, &statement), (&hand, &hand));
     assert_eq!(hand.code, "57014");
 }

@@ -28,6 +28,9 @@ CREATE TABLE priv_model (id int PRIMARY KEY, status text, version bigint);
 INSERT INTO priv_model VALUES (1, 'v0', 0);
 ";
 
+/// One thread's write: the row id, the version sent, and whether it wrote (or its error).
+type Call = (i32, i64, Result<bool, String>);
+
 fn db() -> &'static TestDb {
     test_db("versioned", SETUP)
 }
@@ -185,7 +188,7 @@ fn race(
             }
             first_wrong
         });
-        let calls: Vec<Vec<(i32, i64, Result<bool, String>)>> =
+        let calls: Vec<Vec<Call>> =
             handles.into_iter().enumerate().map(|(t, h)| join(&format!("{label} thread {t}"), h)).collect();
         let errors: Vec<&String> = calls.iter().flatten().filter_map(|c| c.2.as_ref().err()).collect();
         assert!(errors.is_empty(), "{label}: {} of the concurrent writes failed, e.g. {}", errors.len(), errors[0]);

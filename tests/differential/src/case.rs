@@ -68,7 +68,7 @@ fn null() -> Value {
 }
 
 fn number(n: i64) -> Value {
-    bare(&n.to_string())
+    bare(n.to_string())
 }
 
 /// A value the column takes (or, for strings of the right kind, usually takes).
@@ -76,19 +76,35 @@ pub fn valid(kind: Kind, rng: &mut Rng) -> Value {
     match kind {
         Kind::Int2 | Kind::Int4 | Kind::Int8 => {
             let n = rng.below(9) + 1;
-            if rng.chance(20) { string(n.to_string()) } else { number(n as i64) }
+            if rng.chance(20) {
+                string(n.to_string())
+            } else {
+                number(n as i64)
+            }
         }
         Kind::Numeric => bare(rng.pick(&["1", "2.5", "2.50", "-3.125", "0.000001", "12345678901234567890.5"])),
         Kind::NumericTm(p, s) => {
             let whole = 10u64.pow(u32::from(p - s).min(6)) - 1;
             let frac = if s > 0 { format!(".{}", "4".repeat(s as usize)) } else { String::new() };
-            bare(&format!("{}{frac}", rng.below(whole as usize + 1)))
+            bare(format!("{}{frac}", rng.below(whole as usize + 1)))
         }
-        Kind::Text => string(rng.pick(&["a", "A", "b", "ß", "SS", "x'y", "back\\slash", "", "😀", "line\nbreak", "ümlaut"])),
+        Kind::Text => {
+            string(rng.pick(&["a", "A", "b", "ß", "SS", "x'y", "back\\slash", "", "😀", "line\nbreak", "ümlaut"]))
+        }
         Kind::Varchar(n) | Kind::Char(n) => string(&"abcdefgh"[..rng.below(n as usize + 1).min(8)]),
         Kind::Bool => rng.pick(&[bare("true"), bare("false"), string("t"), string("no")]).clone(),
-        Kind::Timestamptz => string(rng.pick(&["2024-01-02 03:04:05+02", "2024-06-30 23:59:59.5+00", "1999-12-31 00:00:00-08", "infinity"])),
-        Kind::Timestamp(_) => string(rng.pick(&["2024-01-02 03:04:05", "2024-06-30 23:59:59.123456", "-infinity", "2000-02-29 12:00:00.5"])),
+        Kind::Timestamptz => string(rng.pick(&[
+            "2024-01-02 03:04:05+02",
+            "2024-06-30 23:59:59.5+00",
+            "1999-12-31 00:00:00-08",
+            "infinity",
+        ])),
+        Kind::Timestamp(_) => string(rng.pick(&[
+            "2024-01-02 03:04:05",
+            "2024-06-30 23:59:59.123456",
+            "-infinity",
+            "2000-02-29 12:00:00.5",
+        ])),
         Kind::Date => string(rng.pick(&["2024-02-29", "2024-01-01", "1970-01-01", "infinity"])),
         Kind::Uuid => string(rng.pick(&[
             "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
@@ -121,15 +137,30 @@ pub fn wild(kind: Kind, rng: &mut Rng) -> Value {
         Kind::NumericTm(p, s) => {
             let edge = "9".repeat((p - s) as usize);
             let frac = "9".repeat(s as usize + 1);
-            rng.pick(&[bare(&format!("{edge}.{frac}")), bare(&format!("1{edge}")), bare(&format!("-{edge}")), string("NaN")])
+            rng.pick(&[
+                bare(format!("{edge}.{frac}")),
+                bare(format!("1{edge}")),
+                bare(format!("-{edge}")),
+                string("NaN"),
+            ])
         }
         Kind::Text => {
             let long = "long".repeat(600);
-            rng.pick(&[bare("12.50"), Value { json: "{\"n\": [1, 2]}".into(), text: Some("{\"n\": [1, 2]}".into()) }, string(&long), string("\u{1}")])
+            rng.pick(&[
+                bare("12.50"),
+                Value { json: "{\"n\": [1, 2]}".into(), text: Some("{\"n\": [1, 2]}".into()) },
+                string(&long),
+                string("\u{1}"),
+            ])
         }
         Kind::Varchar(n) | Kind::Char(n) => {
             let n = n as usize;
-            rng.pick(&[string(&"x".repeat(n + 1)), string(&format!("{}   ", "y".repeat(n))), string(&"é".repeat(n)), string(&"é".repeat(n + 1))])
+            rng.pick(&[
+                string("x".repeat(n + 1)),
+                string(format!("{}   ", "y".repeat(n))),
+                string("é".repeat(n)),
+                string("é".repeat(n + 1)),
+            ])
         }
         Kind::Bool => rng.pick(&[string("maybe"), bare("1"), bare("2"), string("YES"), string(" off ")]),
         Kind::Timestamptz | Kind::Timestamp(_) => string(rng.pick(&[
@@ -140,9 +171,13 @@ pub fn wild(kind: Kind, rng: &mut Rng) -> Value {
             "epoch",
         ])),
         Kind::Date => string(rng.pick(&["2023-02-29", "5874898-01-01", "5874897-12-31", "epoch", "20240101"])),
-        Kind::Uuid => string(rng.pick(&["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1", "not-a-uuid", "a0eebc999c0b4ef8bb6d6bb9bd380a11"])),
+        Kind::Uuid => {
+            string(rng.pick(&["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1", "not-a-uuid", "a0eebc999c0b4ef8bb6d6bb9bd380a11"]))
+        }
         Kind::Jsonb | Kind::Json => string("a string, not an object"),
-        Kind::Bit(n) => rng.pick(&[string(&"1".repeat(n as usize + 1)), string("12"), string(&"0".repeat(n as usize - 1))]),
+        Kind::Bit(n) => {
+            rng.pick(&[string("1".repeat(n as usize + 1)), string("12"), string("0".repeat(n as usize - 1))])
+        }
     }
 }
 
@@ -151,12 +186,12 @@ pub fn version(kind: Kind, rng: &mut Rng) -> Value {
     let n = rng.below(6) as i64 + 1;
     match kind {
         Kind::Int2 | Kind::Int4 | Kind::Int8 | Kind::NumericTm(_, 0) => number(n),
-        Kind::Numeric => bare(&format!("{n}.{}", rng.below(3) * 5)),
-        Kind::NumericTm(..) => bare(&format!("{n}.45")),
-        Kind::Text | Kind::Varchar(_) | Kind::Char(_) => string(&format!("v{n}")),
-        Kind::Timestamptz => string(&format!("2024-01-0{n} 00:00:00.5+00")),
-        Kind::Timestamp(_) => string(&format!("2024-01-0{n} 00:00:00.{}", "5".repeat(rng.below(7) + 1))),
-        Kind::Date => string(&format!("2024-01-0{n}")),
+        Kind::Numeric => bare(format!("{n}.{}", rng.below(3) * 5)),
+        Kind::NumericTm(..) => bare(format!("{n}.45")),
+        Kind::Text | Kind::Varchar(_) | Kind::Char(_) => string(format!("v{n}")),
+        Kind::Timestamptz => string(format!("2024-01-0{n} 00:00:00.5+00")),
+        Kind::Timestamp(_) => string(format!("2024-01-0{n} 00:00:00.{}", "5".repeat(rng.below(7) + 1))),
+        Kind::Date => string(format!("2024-01-0{n}")),
         _ => number(n),
     }
 }
@@ -166,7 +201,11 @@ pub fn key(kind: Kind, rng: &mut Rng) -> Value {
     match kind {
         Kind::Int2 | Kind::Int4 | Kind::Int8 => {
             let n = rng.below(5) as i64 + 1;
-            if rng.chance(15) { string(&n.to_string()) } else { number(n) }
+            if rng.chance(15) {
+                string(n.to_string())
+            } else {
+                number(n)
+            }
         }
         Kind::Numeric | Kind::NumericTm(..) => bare(rng.pick(&["1", "2", "2.50", "3"])),
         Kind::Text | Kind::Varchar(_) | Kind::Char(_) => string(rng.pick(&["a", "A", "b", "ß", "ss", "c "])),
@@ -277,7 +316,10 @@ impl Table {
         let pk = match rng.below(9) {
             0 => vec![column("id", Kind::Int8, "int8 GENERATED ALWAYS AS IDENTITY".into())],
             1 => vec![column("id", Kind::Int4, "int4 GENERATED BY DEFAULT AS IDENTITY".into())],
-            2 => vec![column("id", Kind::Int4, "int4".into()), column("part", Kind::Text, format!("text COLLATE {}", rng.pick(&COLLATIONS)))],
+            2 => vec![
+                column("id", Kind::Int4, "int4".into()),
+                column("part", Kind::Text, format!("text COLLATE {}", rng.pick(&COLLATIONS))),
+            ],
             3 => vec![column("id", Kind::Text, format!("text COLLATE {}", rng.pick(&COLLATIONS)))],
             4 => vec![column("id", Kind::Varchar(2), "varchar(2)".into())],
             5 => vec![column("id", Kind::Numeric, "numeric".into())],
@@ -308,7 +350,10 @@ impl Table {
                 ("CREATE UNIQUE INDEX tab_code_partial ON t.tab (code) WHERE code <> 'a'".into(), false),
                 ("CREATE UNIQUE INDEX tab_code_expr ON t.tab (lower(code))".into(), false),
                 ("ALTER TABLE t.tab ADD CONSTRAINT tab_code_excl EXCLUDE USING btree (code WITH =)".into(), false),
-                ("ALTER TABLE t.tab ADD CONSTRAINT tab_code_key UNIQUE (code) DEFERRABLE INITIALLY IMMEDIATE".into(), false),
+                (
+                    "ALTER TABLE t.tab ADD CONSTRAINT tab_code_key UNIQUE (code) DEFERRABLE INITIALLY IMMEDIATE".into(),
+                    false,
+                ),
             ];
             let keyable = match variants.get(rng.below(variants.len() + 1)) {
                 Some((sql, keyable)) => {
@@ -362,8 +407,12 @@ impl Table {
             others.push(column(&name, kind, decl));
         }
         match rng.below(8) {
-            0 => others.push(Column { always: true, ..column("gen", Kind::Bool, "boolean GENERATED ALWAYS AS (version IS NULL) STORED".into()) }),
-            1 => others.push(Column { always: true, ..column("seq", Kind::Int4, "int4 GENERATED ALWAYS AS IDENTITY".into()) }),
+            0 => others.push(Column {
+                always: true,
+                ..column("gen", Kind::Bool, "boolean GENERATED ALWAYS AS (version IS NULL) STORED".into())
+            }),
+            1 => others
+                .push(Column { always: true, ..column("seq", Kind::Int4, "int4 GENERATED ALWAYS AS IDENTITY".into()) }),
             2 => others.push(column("seq", Kind::Int8, "int8 GENERATED BY DEFAULT AS IDENTITY".into())),
             _ => {}
         }
@@ -371,7 +420,9 @@ impl Table {
             after.push("ALTER TABLE t.tab DROP COLUMN dropped".into());
         }
         if rng.chance(20) {
-            after.push("ALTER TABLE t.tab ADD CONSTRAINT tab_check CHECK (version IS NULL OR version::text <> '4')".into());
+            after.push(
+                "ALTER TABLE t.tab ADD CONSTRAINT tab_check CHECK (version IS NULL OR version::text <> '4')".into(),
+            );
         }
         Table { pk, code, version, others, after }
     }
@@ -446,10 +497,22 @@ pub fn object(members: &[(String, Value)]) -> String {
 
 #[derive(Clone, Debug)]
 pub enum Op {
-    Claim { key: String, scope: String, payload: Option<String> },
-    ClaimMany { keys: Vec<String>, scope: String },
-    Update { key: String, changes: String },
-    Upsert { row: String },
+    Claim {
+        key: String,
+        scope: String,
+        payload: Option<String>,
+    },
+    ClaimMany {
+        keys: Vec<String>,
+        scope: String,
+    },
+    Update {
+        key: String,
+        changes: String,
+    },
+    Upsert {
+        row: String,
+    },
     /// A read in a concurrent case: it takes predicate locks, and takes the snapshot.
     Read(String),
     Begin,
@@ -504,7 +567,11 @@ const SCOPES: [&str; 3] = ["default", "billing", "ß"];
 
 fn claim_key(rng: &mut Rng) -> String {
     // Empty keys are refused (22023) by idem_digest and the claim alike; keep them rare.
-    if rng.chance(3) { String::new() } else { rng.pick(&CLAIM_KEYS[..6]).to_string() }
+    if rng.chance(3) {
+        String::new()
+    } else {
+        rng.pick(&CLAIM_KEYS[..6]).to_string()
+    }
 }
 
 /// The payload a key is claimed with: a function of the key, so that the reference (which
@@ -555,10 +622,12 @@ impl Case {
     /// until the writer ends, so the steps run in order on two connections.
     fn concurrent(seed: u64, index: u64, mut rng: Rng) -> Case {
         let setup = vec![
-            "CREATE TABLE t.tab (id int4 PRIMARY KEY, val text, version int4) WITH (autovacuum_enabled = off)".to_string(),
+            "CREATE TABLE t.tab (id int4 PRIMARY KEY, val text, version int4) WITH (autovacuum_enabled = off)"
+                .to_string(),
             "INSERT INTO t.tab VALUES (1, 'one', 1), (2, 'two', 1), (3, 'three', NULL)".to_string(),
             "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at) \
-             VALUES (idem_digest('k1', 'default'), idem_scope_id('default'), '2000-01-01')".to_string(),
+             VALUES (idem_digest('k1', 'default'), idem_scope_id('default'), '2000-01-01')"
+                .to_string(),
         ];
         let mut steps = vec![
             Step { session: 1, limited: false, op: Op::Begin },
@@ -569,7 +638,13 @@ impl Case {
         let mut wrote: [Vec<String>; 2] = [Vec::new(), Vec::new()];
         let keys = ["k1", "k2", "k3"];
         while open.iter().any(|&o| o) {
-            let s = if open[0] && open[1] { rng.below(2) } else if open[0] { 0 } else { 1 };
+            let s = if open[0] && open[1] {
+                rng.below(2)
+            } else if open[0] {
+                0
+            } else {
+                1
+            };
             let other = 1 - s;
             let busy = |thing: &String| open[other] && wrote[other].contains(thing);
             let op = match rng.below(9) {
@@ -598,7 +673,10 @@ impl Case {
                         wrote[s].push(id.clone());
                         let version = rng.below(4) + 1;
                         if rng.chance(50) {
-                            Op::Update { key: format!("{{\"id\": {id}}}"), changes: format!("{{\"val\": \"s{s}\", \"version\": {version}}}") }
+                            Op::Update {
+                                key: format!("{{\"id\": {id}}}"),
+                                changes: format!("{{\"val\": \"s{s}\", \"version\": {version}}}"),
+                            }
                         } else {
                             Op::Upsert { row: format!("{{\"id\": {id}, \"val\": \"u{s}\", \"version\": {version}}}") }
                         }
@@ -682,8 +760,10 @@ fn sequential_op(table: &Table, fingerprint_default: bool, rng: &mut Rng) -> Op 
         7..=15 => {
             // By the primary key, or by the alternate key when a plain unique index makes it one.
             let by_code = matches!(&table.code, Some((_, true))) && rng.chance(40);
-            let key_columns: Vec<&Column> = if by_code { vec![&table.code.as_ref().unwrap().0] } else { table.pk.iter().collect() };
-            let key_members: Vec<(String, Value)> = key_columns.iter().map(|c| (c.name.clone(), key(c.kind, rng))).collect();
+            let key_columns: Vec<&Column> =
+                if by_code { vec![&table.code.as_ref().unwrap().0] } else { table.pk.iter().collect() };
+            let key_members: Vec<(String, Value)> =
+                key_columns.iter().map(|c| (c.name.clone(), key(c.kind, rng))).collect();
             let mut changeable: Vec<&Column> = table.others.iter().collect();
             if by_code {
                 changeable.extend(table.pk.iter());
@@ -694,15 +774,20 @@ fn sequential_op(table: &Table, fingerprint_default: bool, rng: &mut Rng) -> Op 
             let mut changes: Vec<(String, Value)> = changeable
                 .iter()
                 .map(|c| {
-                    let value = if key_columns.iter().any(|k| k.name == c.name) || table.pk.iter().any(|k| k.name == c.name) {
-                        key(c.kind, rng)
-                    } else {
-                        change_value(c, rng, &mut wild_left)
-                    };
+                    let value =
+                        if key_columns.iter().any(|k| k.name == c.name) || table.pk.iter().any(|k| k.name == c.name) {
+                            key(c.kind, rng)
+                        } else {
+                            change_value(c, rng, &mut wild_left)
+                        };
                     (c.name.clone(), value)
                 })
                 .collect();
-            let version = if wild_left && rng.chance(8) { wild(table.version.kind, rng) } else { version(table.version.kind, rng) };
+            let version = if wild_left && rng.chance(8) {
+                wild(table.version.kind, rng)
+            } else {
+                version(table.version.kind, rng)
+            };
             // A NULL version is refused by the function (22004) and not by the statement.
             let version = if version.text.is_none() { number(1) } else { version };
             changes.push(("version".into(), version));

@@ -122,14 +122,18 @@ fn differences(traces: &[Trace; 3]) -> Vec<Difference> {
         .filter_map(|label| {
             let values = [0, 1, 2].map(|i| traces[i].get(label).map(|o| o.value.clone()));
             let extension_only = traces.iter().any(|t| t.get(label).is_some_and(|o| o.extension_only));
-            let differ = if extension_only { values[0] != values[1] } else { values[0] != values[1] || values[1] != values[2] };
+            let differ =
+                if extension_only { values[0] != values[1] } else { values[0] != values[1] || values[1] != values[2] };
             differ.then(|| Difference { label: label.clone(), values })
         })
         .collect()
 }
 
 fn print_case(case: &Case, scripts: &[Vec<String>; 3]) {
-    println!("-- replay: cargo run -q --release -p idempotency-differential -- --seed {} --case {}", case.seed, case.index);
+    println!(
+        "-- replay: cargo run -q --release -p idempotency-differential -- --seed {} --case {}",
+        case.seed, case.index
+    );
     println!("-- setup, in each database after `DROP SCHEMA t CASCADE; CREATE SCHEMA t;` and an empty ledger:");
     for sql in &case.setup {
         println!("{sql};");
@@ -166,7 +170,8 @@ fn main() -> ExitCode {
     };
     for index in indexes {
         if o.only.is_none()
-            && (o.cases.is_some_and(|n| index >= n) || o.seconds.is_some_and(|s| started.elapsed() >= Duration::from_secs(s)))
+            && (o.cases.is_some_and(|n| index >= n)
+                || o.seconds.is_some_and(|s| started.elapsed() >= Duration::from_secs(s)))
         {
             break;
         }
@@ -197,7 +202,11 @@ fn main() -> ExitCode {
             for d in &found {
                 println!("-- {}:", d.label);
                 for (way, v) in Way::ALL.iter().zip(&d.values) {
-                    println!("--   {:<9} {}", way.name(), v.as_deref().unwrap_or("(absent)").replace('\n', "\n--             "));
+                    println!(
+                        "--   {:<9} {}",
+                        way.name(),
+                        v.as_deref().unwrap_or("(absent)").replace('\n', "\n--             ")
+                    );
                 }
             }
         } else if !found.is_empty() {
@@ -206,5 +215,9 @@ fn main() -> ExitCode {
     }
     let elapsed = started.elapsed().as_secs_f64();
     println!("differential: {passed} passed, {failed} failed (seed {}, {elapsed:.1} s)", o.seed);
-    if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }

@@ -94,7 +94,11 @@ fn run(client: &mut Client, sql: &str) -> Result<Answer, postgres::Error> {
             return Ok(Answer::Value(row.get(0).map(str::to_string)));
         }
     }
-    let rows = messages.iter().rev().find_map(|m| if let SimpleQueryMessage::CommandComplete(n) = m { Some(*n) } else { None });
+    let rows =
+        messages
+            .iter()
+            .rev()
+            .find_map(|m| if let SimpleQueryMessage::CommandComplete(n) = m { Some(*n) } else { None });
     Ok(Answer::Rows(rows.unwrap_or(0)))
 }
 
@@ -192,7 +196,14 @@ impl Db {
         Ok(trace)
     }
 
-    fn run_step(&mut self, n: usize, step: &Step, trace: &mut Trace, times: &mut Vec<String>, script: &mut Vec<String>) {
+    fn run_step(
+        &mut self,
+        n: usize,
+        step: &Step,
+        trace: &mut Trace,
+        times: &mut Vec<String>,
+        script: &mut Vec<String>,
+    ) {
         let label = format!("{n:02}");
         let mut begin = String::from("BEGIN;");
         if let Some(setting) = self.way.setting() {
@@ -236,7 +247,12 @@ impl Db {
             Ok(messages) => {
                 for message in messages {
                     if let SimpleQueryMessage::Row(row) = message {
-                        record(trace, &format!("{label} xid assigned"), row.get(0).unwrap_or("NULL").to_string(), false);
+                        record(
+                            trace,
+                            &format!("{label} xid assigned"),
+                            row.get(0).unwrap_or("NULL").to_string(),
+                            false,
+                        );
                         record(trace, &format!("{label} xact stats"), row.get(1).unwrap_or("NULL").to_string(), false);
                     }
                 }
@@ -256,15 +272,22 @@ impl Db {
             state = state.replace(time.as_str(), &format!("<now of step {n}>"));
         }
         record(trace, &format!("{label} rows"), state, false);
-        let counts = "SELECT string_agg(format('%s.%s live=%s dead=%s', schemaname, relname, n_live_tup, n_dead_tup), '; ' \
+        let counts =
+            "SELECT string_agg(format('%s.%s live=%s dead=%s', schemaname, relname, n_live_tup, n_dead_tup), '; ' \
                       ORDER BY schemaname, relname) FROM pg_stat_user_tables \
                       WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger')";
         record(trace, &format!("{label} tuples"), value(&mut self.aux, counts).unwrap_or_else(|e| describe(&e)), false);
-        let amcheck = "SELECT string_agg(c.relname || bt_index_check(i.indexrelid, true)::text, ', ' ORDER BY c.relname) \
+        let amcheck =
+            "SELECT string_agg(c.relname || bt_index_check(i.indexrelid, true)::text, ', ' ORDER BY c.relname) \
                        FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam \
                        JOIN pg_namespace n ON n.oid = c.relnamespace \
                        WHERE a.amname = 'btree' AND n.nspname IN ('t', 'idempotency') AND i.indisvalid";
-        record(trace, &format!("{label} amcheck"), value(&mut self.aux, amcheck).unwrap_or_else(|e| describe(&e)), false);
+        record(
+            trace,
+            &format!("{label} amcheck"),
+            value(&mut self.aux, amcheck).unwrap_or_else(|e| describe(&e)),
+            false,
+        );
     }
 
     fn run_concurrent(&mut self, case: &Case, trace: &mut Trace, times: &mut Vec<String>, script: &mut Vec<String>) {
@@ -318,16 +341,25 @@ impl Db {
             }
             (Way::Direct | Way::Statement, Op::ClaimMany { keys, scope }) => {
                 let keys: Vec<String> = keys.iter().map(|k| q(k)).collect();
-                (vec![format!("SELECT idem_claim_many(ARRAY[{}]::text[], {})", keys.join(", "), q(scope))], Shape::Value)
+                (
+                    vec![format!("SELECT idem_claim_many(ARRAY[{}]::text[], {})", keys.join(", "), q(scope))],
+                    Shape::Value,
+                )
             }
             (Way::Direct | Way::Statement, Op::Update { key, changes }) => (
-                vec![format!("SELECT idem_versioned_update('t.tab', {}::jsonb, {}::jsonb, 'version')", q(key), q(changes))],
+                vec![format!(
+                    "SELECT idem_versioned_update('t.tab', {}::jsonb, {}::jsonb, 'version')",
+                    q(key),
+                    q(changes)
+                )],
                 Shape::Value,
             ),
             (Way::Direct | Way::Statement, Op::Upsert { row }) => {
                 (vec![format!("SELECT idem_versioned_upsert('t.tab', {}::jsonb, 'version')", q(row))], Shape::Value)
             }
-            (Way::Hand, Op::Claim { key, scope, payload }) => (vec![claim_insert(key, scope, payload.as_deref())], Shape::Inserted),
+            (Way::Hand, Op::Claim { key, scope, payload }) => {
+                (vec![claim_insert(key, scope, payload.as_deref())], Shape::Inserted)
+            }
             (Way::Hand, Op::ClaimMany { keys, scope }) => {
                 // Each distinct key once, in digest order, as the batch inserts them.
                 let list: Vec<String> = keys.iter().map(|k| q(k)).collect();
@@ -343,11 +375,15 @@ impl Db {
             }
             (Way::Hand, Op::Update { key, changes }) => match self.hand_update(key, changes) {
                 Ok(sql) => (vec![sql], Shape::Changed),
-                Err(e) => (vec![format!("SELECT 'cannot write the reference: {}'", e.replace('\'', "''"))], Shape::Value),
+                Err(e) => {
+                    (vec![format!("SELECT 'cannot write the reference: {}'", e.replace('\'', "''"))], Shape::Value)
+                }
             },
             (Way::Hand, Op::Upsert { row }) => match self.hand_upsert(row) {
                 Ok(sql) => (vec![sql], Shape::Changed),
-                Err(e) => (vec![format!("SELECT 'cannot write the reference: {}'", e.replace('\'', "''"))], Shape::Value),
+                Err(e) => {
+                    (vec![format!("SELECT 'cannot write the reference: {}'", e.replace('\'', "''"))], Shape::Value)
+                }
             },
         }
     }
@@ -394,8 +430,11 @@ impl Db {
         )
         .map_err(|e| describe(&e))?;
         let keys: Vec<&str> = primary.split(", ").collect();
-        let set: Vec<String> =
-            row.iter().filter(|(c, _)| !keys.contains(&c.as_str())).map(|(c, _)| format!("{c} = EXCLUDED.{c}")).collect();
+        let set: Vec<String> = row
+            .iter()
+            .filter(|(c, _)| !keys.contains(&c.as_str()))
+            .map(|(c, _)| format!("{c} = EXCLUDED.{c}"))
+            .collect();
         Ok(format!(
             "INSERT INTO t.tab AS t ({}) VALUES ({}) ON CONFLICT ({primary}) DO UPDATE SET {} \
              WHERE t.version IS NULL OR t.version < EXCLUDED.version",
