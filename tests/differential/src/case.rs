@@ -185,12 +185,17 @@ pub fn wild(kind: Kind, rng: &mut Rng) -> Value {
 pub fn version(kind: Kind, rng: &mut Rng) -> Value {
     let n = rng.below(6) as i64 + 1;
     match kind {
-        Kind::Int2 | Kind::Int4 | Kind::Int8 | Kind::NumericTm(_, 0) => number(n),
+        Kind::Int2 | Kind::Int4 | Kind::Int8 => number(n),
         Kind::Numeric => bare(format!("{n}.{}", rng.below(3) * 5)),
-        Kind::NumericTm(..) => bare(format!("{n}.45")),
+        // Past the typmod, rounding down as often as up: a version that rounds down to the
+        // stored one is newer than it before the rounding, and the statement applies it.
+        Kind::NumericTm(..) => bare(rng.pick(&[n.to_string(), format!("{n}.4"), format!("{n}.45"), format!("{n}.6")])),
         Kind::Text | Kind::Varchar(_) | Kind::Char(_) => string(format!("v{n}")),
         Kind::Timestamptz => string(format!("2024-01-0{n} 00:00:00.5+00")),
-        Kind::Timestamp(_) => string(format!("2024-01-0{n} 00:00:00.{}", "5".repeat(rng.below(7) + 1))),
+        Kind::Timestamp(_) => string(format!(
+            "2024-01-0{n} 00:00:00.{}",
+            rng.pick(&["5", "55", "554", "5549", "555", "55555", "1234567"])
+        )),
         Kind::Date => string(format!("2024-01-0{n}")),
         _ => number(n),
     }
@@ -347,6 +352,8 @@ impl Table {
             let variants = [
                 ("ALTER TABLE t.tab ADD CONSTRAINT tab_code_key UNIQUE (code)".to_string(), true),
                 (format!("CREATE UNIQUE INDEX tab_code_coll ON t.tab (code COLLATE {other})"), true),
+                // Case-insensitive: 'a' and 'A' are one key to the index and two to the column.
+                ("CREATE UNIQUE INDEX tab_code_ci ON t.tab (code COLLATE public.ci)".into(), true),
                 ("CREATE UNIQUE INDEX tab_code_partial ON t.tab (code) WHERE code <> 'a'".into(), false),
                 ("CREATE UNIQUE INDEX tab_code_expr ON t.tab (lower(code))".into(), false),
                 ("ALTER TABLE t.tab ADD CONSTRAINT tab_code_excl EXCLUDE USING btree (code WITH =)".into(), false),
@@ -515,6 +522,14 @@ pub enum Op {
     },
     /// A read in a concurrent case: it takes predicate locks, and takes the snapshot.
     Read(String),
+    /// New claims `warm-{prefix}-1` … `warm-{prefix}-{count}`: the first step of a sequential
+    /// case, or a transaction of its own before a concurrent case begins. A session that has
+    /// made many new claims is the one a heuristic might treat differently (0.1.0 stopped
+    /// checking for a duplicate after 16).
+    Warm {
+        prefix: String,
+        count: u32,
+    },
     Begin,
     Commit,
 }
@@ -607,13 +622,16 @@ impl Case {
             setup.push(rng.pick(&LEDGER_GRANTS).to_string());
             setup.push(table_grants(&table, &mut rng));
         }
-        let steps = (0..rng.below(6) + 2)
+        let mut steps: Vec<Step> = (0..rng.below(6) + 2)
             .map(|_| Step {
                 session: 0,
                 limited: limited && rng.chance(70),
                 op: sequential_op(&table, fingerprint_default, &mut rng),
             })
             .collect();
+        if rng.chance(25) {
+            steps.insert(0, Step { session: 0, limited: false, op: Op::Warm { prefix: "s0".into(), count: 20 } });
+        }
         Case { seed, index, setup, ledger_changed, concurrent: false, steps }
     }
 
@@ -621,18 +639,19 @@ impl Case {
     /// the other session: a key or row one open transaction wrote is only read by the other
     /// until the writer ends, so the steps run in order on two connections.
     fn concurrent(seed: u64, index: u64, mut rng: Rng) -> Case {
-        let setup = vec![
-            "CREATE TABLE t.tab (id int4 PRIMARY KEY, val text, version int4) WITH (autovacuum_enabled = off)"
-                .to_string(),
-            "INSERT INTO t.tab VALUES (1, 'one', 1), (2, 'two', 1), (3, 'three', NULL)".to_string(),
-            "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at) \
-             VALUES (idem_digest('k1', 'default'), idem_scope_id('default'), '2000-01-01')"
-                .to_string(),
-        ];
-        let mut steps = vec![
+        let setup = concurrent_setup();
+        let mut steps = Vec::new();
+        if rng.chance(50) {
+            steps.extend([1, 2].map(warm));
+        }
+        if rng.chance(30) {
+            steps.extend(rw_cycle(&mut rng));
+            return Case { seed, index, setup, ledger_changed: false, concurrent: true, steps };
+        }
+        steps.extend([
             Step { session: 1, limited: false, op: Op::Begin },
             Step { session: 2, limited: false, op: Op::Begin },
-        ];
+        ]);
         // Per session: open?, the claim keys and row ids it wrote.
         let mut open = [true, true];
         let mut wrote: [Vec<String>; 2] = [Vec::new(), Vec::new()];
@@ -689,6 +708,52 @@ impl Case {
         }
         Case { seed, index, setup, ledger_changed: false, concurrent: true, steps }
     }
+}
+
+/// t.tab with three rows, and k1 already claimed.
+fn concurrent_setup() -> Vec<String> {
+    vec![
+        "CREATE TABLE t.tab (id int4 PRIMARY KEY, val text, version int4) WITH (autovacuum_enabled = off)".to_string(),
+        "INSERT INTO t.tab VALUES (1, 'one', 1), (2, 'two', 1), (3, 'three', NULL)".to_string(),
+        "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at) \
+         VALUES (idem_digest('k1', 'default'), idem_scope_id('default'), '2000-01-01')"
+            .to_string(),
+    ]
+}
+
+fn warm(session: u8) -> Step {
+    Step { session, limited: false, op: Op::Warm { prefix: format!("s{session}"), count: 20 } }
+}
+
+/// The serialization anomaly a duplicate claim must not create: one session scans the ledger
+/// while the other claims a key that already exists and reads a row the first then writes. A
+/// duplicate claim writes nothing, so the statement path has only one rw-dependency and both
+/// commit; a duplicate recorded as a write closes the cycle and one COMMIT fails with 40001.
+fn rw_cycle(rng: &mut Rng) -> Vec<Step> {
+    let (reader, claimer) = if rng.chance(50) { (1, 2) } else { (2, 1) };
+    let step = |session: u8, op: Op| Step { session, limited: false, op };
+    let write = if rng.chance(50) {
+        Op::Update { key: "{\"id\": 1}".into(), changes: "{\"val\": \"w\", \"version\": 2}".into() }
+    } else {
+        Op::Upsert { row: "{\"id\": 1, \"val\": \"w\", \"version\": 2}".into() }
+    };
+    let scan = rng.pick(&[
+        "SELECT count(*) FROM idempotency.ledger".to_string(),
+        "SELECT count(*) FROM idempotency.ledger WHERE claimed_at > '2001-01-01'".to_string(),
+        read_claim("k1"),
+    ]);
+    let mut steps = vec![
+        step(reader, Op::Begin),
+        step(claimer, Op::Begin),
+        step(reader, Op::Read(scan)),
+        step(claimer, Op::Claim { key: "k1".into(), scope: "default".into(), payload: None }),
+        step(claimer, Op::Read("SELECT val FROM t.tab WHERE id = 1".into())),
+        step(reader, write),
+    ];
+    let first = if rng.chance(50) { reader } else { claimer };
+    steps.push(step(first, Op::Commit));
+    steps.push(step(3 - first, Op::Commit));
+    steps
 }
 
 fn read_claim(key: &str) -> String {
@@ -748,6 +813,8 @@ fn take_always(c: &Column, rng: &mut Rng, wild_left: &mut bool) -> bool {
 fn sequential_op(table: &Table, fingerprint_default: bool, rng: &mut Rng) -> Op {
     let mut wild_left = true;
     match rng.below(20) {
+        // A key the warm-up step claims: a duplicate of the kind a warm session makes.
+        0 if rng.chance(40) => Op::Claim { key: "warm-s0-1".into(), scope: "default".into(), payload: None },
         0..=4 => {
             let key = claim_key(rng);
             let payload = (!fingerprint_default && rng.chance(40)).then(|| payload_of(&key));

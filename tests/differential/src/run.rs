@@ -309,6 +309,20 @@ impl Db {
                     self.record_transaction(&label, session == 0, trace);
                     (vec!["COMMIT".to_string()], Shape::Value)
                 }
+                // Before the sessions begin: a transaction of its own, whose now() names the
+                // claims it makes.
+                op @ Op::Warm { .. } => {
+                    let (claims, shape) = self.statements(op);
+                    let mut begin = vec!["BEGIN".to_string()];
+                    begin.extend(self.way.setting().map(|s| format!("SET LOCAL idempotency.direct_writes = {s}")));
+                    begin.push("SELECT now()::text".into());
+                    let client = if session == 0 { &mut self.main } else { &mut self.second };
+                    if let Ok(time) = execute(client, &begin, &Shape::Value) {
+                        times.push(time);
+                    }
+                    script.push(format!("-- session {}\n{};", step.session, begin.join(";\n")));
+                    (claims.into_iter().chain(["COMMIT".to_string()]).collect(), shape)
+                }
                 op => self.statements(op),
             };
             script.push(format!("-- session {}\n{};", step.session, statements.join(";\n")));
@@ -335,6 +349,21 @@ impl Db {
         match (self.way, op) {
             (_, Op::Begin | Op::Commit) => unreachable!("only concurrent cases begin and commit, in run_concurrent"),
             (_, Op::Read(sql)) => (vec![sql.clone()], Shape::Value),
+            (Way::Direct | Way::Statement, Op::Warm { prefix, count }) => (
+                vec![format!(
+                    "SELECT count(*) FILTER (WHERE idem_claim('warm-{prefix}-' || i, 'default')) FROM generate_series(1, {count}) i"
+                )],
+                Shape::Value,
+            ),
+            (Way::Hand, Op::Warm { prefix, count }) => (
+                vec![format!(
+                    "WITH claimed AS (INSERT INTO idempotency.ledger (key_digest, scope_id) \
+                     SELECT idem_digest('warm-{prefix}-' || i, 'default'), idem_scope_id('default') \
+                     FROM generate_series(1, {count}) i ON CONFLICT (key_digest) DO NOTHING RETURNING 1) \
+                     SELECT count(*) FROM claimed"
+                )],
+                Shape::Value,
+            ),
             (Way::Direct | Way::Statement, Op::Claim { key, scope, payload }) => {
                 let payload = payload.as_ref().map(|p| format!(", {}::jsonb", q(p))).unwrap_or_default();
                 (vec![format!("SELECT idem_claim({}, {}{payload})", q(key), q(scope))], Shape::Value)
@@ -480,7 +509,9 @@ fn execute(client: &mut Client, statements: &[String], shape: &Shape) -> Result<
     }
     let written = |a: &Answer| matches!(a, Answer::Rows(n) if *n > 0);
     Ok(match shape {
-        Shape::Value => match answers.last() {
+        // The last statement that returned a row, as a transaction's answer is its SELECT's
+        // and not its COMMIT's.
+        Shape::Value => match answers.iter().rev().find(|a| matches!(a, Answer::Value(_))).or(answers.last()) {
             Some(Answer::Value(v)) => v.clone().unwrap_or_else(|| "NULL".into()),
             Some(Answer::Rows(n)) => format!("({n} rows)"),
             None => String::new(),
