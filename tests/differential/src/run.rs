@@ -328,6 +328,11 @@ impl Db {
             script.push(format!("-- session {}\n{};", step.session, statements.join(";\n")));
             let client = if session == 0 { &mut self.main } else { &mut self.second };
             let outcome = execute(client, &statements, &shape);
+            if let Op::Warm { .. } = step.op {
+                // pg_stat_xact_* also shows counts not yet flushed from earlier transactions
+                // (PostgreSQL 15), so the warm-up's must be flushed before the next one reads.
+                let _ = client.batch_execute("SELECT pg_stat_force_next_flush()");
+            }
             if let (Op::Begin, Ok(time)) = (&step.op, &outcome) {
                 times.push(time.clone());
                 continue;
