@@ -46,6 +46,15 @@ AS 'MODULE_PATHNAME', 'idem_key_entry';
 COMMENT ON FUNCTION idem_key(text[]) IS
   'A business key from its parts: joined by | with \ and | escaped, so different parts never give the same key.';
 
+-- Since 0.2.0 (sql/idempotency--0.1.0--0.2.0.sql): parts of any type, each in a fixed text
+-- form, so that idem_key('payment', 42) needs no cast. Calls with text parts still resolve
+-- to the text[] form, which gives the same key.
+CREATE FUNCTION idem_key(VARIADIC parts "any")
+RETURNS text LANGUAGE c IMMUTABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'idem_key_any_entry';
+COMMENT ON FUNCTION idem_key("any") IS
+  'A business key from parts of any type: integers in decimal, numeric normalized, uuid lowercase, timestamptz in UTC ISO 8601, boolean true/false, text unchanged.';
+
 CREATE FUNCTION idem_child_key(parent text, "position" integer)
 RETURNS text LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'idem_child_key_entry';

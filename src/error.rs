@@ -29,6 +29,8 @@ pub enum SqlState {
     UndefinedFunction,
     /// 42P01: the target table does not exist.
     UndefinedTable,
+    /// 42804: a key part of a type that has no promised text form (cast it to text).
+    DatatypeMismatch,
     /// 42809: the target is not a table (a view, a sequence, …).
     WrongObjectType,
     /// ID001: the key was claimed before with a different payload.
@@ -53,6 +55,7 @@ impl SqlState {
             SqlState::UndefinedFunction => b"42883",
             SqlState::WrongObjectType => b"42809",
             SqlState::UndefinedTable => b"42P01",
+            SqlState::DatatypeMismatch => b"42804",
             SqlState::PayloadMismatch => b"ID001",
             SqlState::KeyMissingFromPayload => b"ID002",
             SqlState::NotClaimed => b"ID003",

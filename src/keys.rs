@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::digest::{parse_key, write_canonical};
 use crate::error::{required, sqlstate_entry, IdemError, Result, SqlState};
+use crate::postgres::args::{variadic_any, Part};
 
 /// Joins parts with '|' after escaping '\' and '|' with a backslash, so the encoding is
 /// injective: idem_key('a|b','c') and idem_key('a','b|c') differ, and it stays readable.
@@ -33,13 +34,77 @@ fn join_parts<'a>(parts: impl IntoIterator<Item = Result<std::borrow::Cow<'a, st
 
 fn business_key(parts: Option<Array<'_, &str>>) -> Result<String> {
     let parts = required(parts, "parts")?;
-    join_parts(parts.iter().enumerate().map(|(i, part)| {
-        part.map(Into::into).ok_or_else(|| {
-            IdemError::new(SqlState::NullValueNotAllowed, format!("key part {} is NULL", i + 1)).hint(
-                "A missing field would make different messages share a key; pass the value or leave the part out.",
+    join_parts(parts.iter().enumerate().map(|(i, part)| part.map(Into::into).ok_or_else(|| null_part(i))))
+}
+
+fn null_part(i: usize) -> IdemError {
+    IdemError::new(SqlState::NullValueNotAllowed, format!("key part {} is NULL", i + 1))
+        .hint("A missing field would make different messages share a key; pass the value or leave the part out.")
+}
+
+/// A key from parts of any type. Each part's text is a compatibility promise, the same in
+/// every session whatever its settings, so that the function can stay IMMUTABLE and a key
+/// derived today is the key derived after any upgrade. Text parts are unchanged, so keys
+/// made from text by the `text[]` form are made alike here.
+fn any_key(parts: Option<Vec<Part>>) -> Result<String> {
+    let parts = required(parts, "parts")?;
+    join_parts(parts.into_iter().enumerate().map(|(i, part)| part_text(i, part)))
+}
+
+fn part_text(i: usize, part: Part) -> Result<std::borrow::Cow<'static, str>> {
+    Ok(match part {
+        Part::Null => return Err(null_part(i)),
+        Part::Text(text) | Part::Numeric(text) => text.into(),
+        Part::Integer(n) => n.to_string().into(),
+        Part::Bool(b) => if b { "true" } else { "false" }.into(),
+        Part::Uuid(bytes) => uuid_text(&bytes).into(),
+        Part::Timestamptz(micros) => utc_text(micros).into(),
+        Part::Other(type_name) => {
+            return Err(IdemError::new(
+                SqlState::DatatypeMismatch,
+                format!("key part {} is of type {type_name}, which has no fixed text form in a key", i + 1),
             )
-        })
-    }))
+            .hint("Cast the part to text (part::text) to choose its text yourself."))
+        }
+    })
+}
+
+/// The canonical lowercase form uuid_out writes.
+fn uuid_text(bytes: &[u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
+/// ISO 8601 in UTC with microseconds, `2024-01-02T03:04:05.000000Z`, whatever TimeZone and
+/// DateStyle say. Years outside 0000–9999 get a sign and at least four digits (ISO 8601's
+/// expanded form; year 0 is 1 BC), and the infinities keep PostgreSQL's names.
+fn utc_text(micros: i64) -> String {
+    const DAY: i64 = 86_400_000_000;
+    match micros {
+        i64::MIN => return "-infinity".into(),
+        i64::MAX => return "infinity".into(),
+        _ => {}
+    }
+    let (days, time) = (micros.div_euclid(DAY), micros.rem_euclid(DAY));
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's days_from_civil, inverted).
+    let z = days + 10_957 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let year = if (0..=9999).contains(&year) { format!("{year:04}") } else { format!("{year:+05}") };
+    let seconds = time / 1_000_000;
+    format!(
+        "{year}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60,
+        time % 1_000_000
+    )
 }
 
 fn child_key(parent: Option<&str>, position: Option<i32>) -> Result<String> {
@@ -109,6 +174,22 @@ fn idem_key(parts: Option<Array<'_, &str>>) -> Option<String> {
 }
 sqlstate_entry!(idem_key_entry, pg_finfo_idem_key_entry, idem_key_wrapper);
 
+/// `idem_key(VARIADIC parts "any")`: a V1 function of its own, as pgrx cannot declare "any".
+#[pg_guard]
+unsafe extern "C-unwind" fn idem_key_any(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: PostgreSQL calls this entry only through the SQL declaration VARIADIC "any".
+    let parts = unsafe { variadic_any(fcinfo) };
+    match crate::error::finish(any_key(parts)) {
+        Some(key) => key.into_datum().expect("text always makes a datum"),
+        None => {
+            // SAFETY: fcinfo is the live call; a NULL result is reported through it.
+            unsafe { (*fcinfo).isnull = true };
+            pg_sys::Datum::from(0)
+        }
+    }
+}
+sqlstate_entry!(idem_key_any_entry, pg_finfo_idem_key_any_entry, idem_key_any);
+
 #[pg_extern(sql = false)]
 fn idem_child_key(parent: Option<&str>, position: Option<i32>) -> Option<String> {
     crate::error::finish(child_key(parent, position))
@@ -136,6 +217,15 @@ mod tests {
         assert_ne!(key(&["a\\", "b"]), key(&["a", "\\b"]));
         assert_ne!(key(&["a", ""]), key(&["a"]));
         assert_eq!(key(&["order", "42", "paid"]), "order|42|paid");
+    }
+
+    #[pg_test]
+    fn timestamps_are_utc_with_microseconds_across_day_and_era_boundaries() {
+        assert_eq!(utc_text(0), "2000-01-01T00:00:00.000000Z");
+        assert_eq!(utc_text(-1), "1999-12-31T23:59:59.999999Z");
+        assert_eq!(utc_text(5_097_600_000_000), "2000-02-29T00:00:00.000000Z");
+        assert_eq!(utc_text(i64::MAX), "infinity");
+        assert_eq!(uuid_text(&[0xAB; 16]), "abababab-abab-abab-abab-abababababab");
     }
 
     #[pg_test]

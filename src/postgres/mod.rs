@@ -4,11 +4,13 @@
 //!
 //! - [`guard`]: calls into PostgreSQL that keep an error whole ([`catch`]), so that it can be
 //!   raised again exactly as the equivalent statement raises it.
+//! - [`args`]: the arguments of a `VARIADIC "any"` function, each by its own type.
 //! - [`ffi`]: PostgreSQL functions declared without pgrx's per-call guard, for [`catch`].
 //! - [`spi`]: statements prepared once per backend and run through SPI.
 //! - [`write`]: one row written through the table and index access methods, in the
 //!   executor's own steps, for tables proven plain enough ([`write::is_plain`]).
 
+pub mod args;
 pub mod ffi;
 mod guard;
 pub mod spi;
