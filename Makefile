@@ -50,10 +50,12 @@ demo: install
 
 # --- lint ------------------------------------------------------------------------------
 # Clippy and rustfmt (rustfmt.toml: the code's 120 columns) must stay silent on every crate
-# of the workspace. pgrx-pg-sys needs pg_config to generate its bindings, hence deps.
+# of the workspace, and no released SQL script may change (RELEASES, sql/released/).
+# pgrx-pg-sys needs pg_config to generate its bindings, hence deps.
 lint: deps
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	bash tools/check-released.sh
 
 # --- tests -----------------------------------------------------------------------------
 # pgrx-test installs its own debug build system-wide, so it runs first and `regress`

@@ -21,7 +21,7 @@ BEGIN
   SELECT * INTO r FROM idem_claim_replay(k, 'billing', body);
   IF r.claimed THEN
     INSERT INTO idem_demo.payments VALUES ((body->>'order_id')::int, (body->>'amount')::numeric, now());
-    PERFORM idem_set_result(k, jsonb_build_object('receipt', 'R-' || (body->>'order_id')), 'billing');
+    PERFORM idem_set_result(k, jsonb_build_object('receipt', 'R-' || (body->>'order_id')), scope => 'billing');
     INSERT INTO idem_demo.deliveries VALUES (n, message_id, 'processed');
     RETURN 'processed';
   END IF;

@@ -49,6 +49,22 @@ suite client "client-driven tests (several real connections)" \
 suite differential "differential tester (short)" \
   cargo run -q --release -p idempotency-differential -- --seed 1 --cases 200
 suite dump_restore "pg_dump and restore keep every processed key" bash tests/dump_restore.sh
+suite upgrade "ALTER EXTENSION UPDATE from every release keeps every stored key" bash tests/upgrade.sh
+
+# The suites once more on databases whose CREATE EXTENSION installs the oldest release and
+# updates it through the upgrade scripts, since the current version's script is set aside.
+upgraded_pass() {
+  UPGRADE_ONLY_PATH=1 bash tests/upgrade.sh
+  trap 'UPGRADE_RESTORE=1 bash tests/upgrade.sh' EXIT
+  regress_into "$RESULTS_DIR/regress-upgraded" \
+    "$PGXS_TEST/regress/pg_regress" --inputdir=pg_test --dbname=idempotency_regress $REGRESS_TESTS
+  regress_into "$RESULTS_DIR/isolation-upgraded" \
+    "$PGXS_TEST/isolation/pg_isolation_regress" --inputdir=pg_test/isolation --dbname=idempotency_isolation $ISOLATION_TESTS
+  cargo run -q --release -p idempotency-differential -- --seed 2 --cases 100
+  UPGRADE_RESTORE=1 bash tests/upgrade.sh
+  trap - EXIT
+}
+suite upgraded "pg_regress, isolation and the differential tester on an extension updated from the oldest release" upgraded_pass
 suite pg_cron "pg_cron runs the scheduled purge" bash tests/pg_cron.sh
 suite executor_hooks "what pgaudit, pg_stat_statements and auto_explain see of direct writes" \
   bash tests/executor_hooks.sh

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Upgrades from every released version (RELEASES) to the one this tree builds:
+#   1. install the release from its frozen script (sql/released/), store claims, results,
+#      fingerprints, scopes and versioned rows through it, with this tree's library;
+#   2. `ALTER EXTENSION idempotency UPDATE`;
+#   3. every stored key is still recognised, every result replays, every fingerprint still
+#      guards its key, the versioned rows keep their versions;
+#   4. the updated extension's objects are exactly a fresh install's.
+# With UPGRADE_ONLY_PATH=1 it instead leaves the frozen scripts installed and the current
+# version's own script aside, so that every CREATE EXTENSION of the suites that follow goes
+# through the upgrade scripts (tests/run-in-cluster.sh's "upgraded" pass); the caller
+# restores with UPGRADE_RESTORE=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ext_dir="$(pg_config --sharedir)/extension"
+current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+released=$(awk '!/^#/ && NF { print $1 }' RELEASES)
+
+install_frozen() {
+  for v in $released; do
+    [[ "$v" == "$current" ]] && continue
+    install -m 644 "sql/released/idempotency--$v.sql" "$ext_dir/"
+  done
+}
+
+if [[ "${UPGRADE_RESTORE:-}" == 1 ]]; then
+  [[ -f "$ext_dir/idempotency--$current.sql.aside" ]] &&
+    mv "$ext_dir/idempotency--$current.sql.aside" "$ext_dir/idempotency--$current.sql"
+  exit 0
+fi
+install_frozen
+if [[ "${UPGRADE_ONLY_PATH:-}" == 1 ]]; then
+  mv "$ext_dir/idempotency--$current.sql" "$ext_dir/idempotency--$current.sql.aside"
+  exit 0
+fi
+
+q() { psql -qXAt -v ON_ERROR_STOP=1 "$@"; }
+
+# The extension's own objects, each with its full definition and comment, in a stable order.
+catalog() {
+  q -d "$1" <<'SQL'
+SELECT pg_describe_object(d.classid, d.objid, 0) || E'\n  ' ||
+       coalesce(CASE d.classid
+         WHEN 'pg_proc'::regclass THEN pg_get_functiondef(d.objid)
+         WHEN 'pg_class'::regclass THEN (
+           SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) ||
+                             CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END ||
+                             coalesce(' DEFAULT ' || pg_get_expr(ad.adbin, ad.adrelid), ''), ', ' ORDER BY a.attnum)
+           FROM pg_attribute a LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+           WHERE a.attrelid = d.objid AND a.attnum > 0 AND NOT a.attisdropped) || E'\n  ' || coalesce((
+           SELECT string_agg(pg_get_indexdef(i.indexrelid), E'\n  ' ORDER BY 1) FROM pg_index i WHERE i.indrelid = d.objid), '') ||
+           E'\n  ' || coalesce((
+           SELECT string_agg(conname || ' ' || pg_get_constraintdef(c.oid), E'\n  ' ORDER BY conname)
+           FROM pg_constraint c WHERE c.conrelid = d.objid), '') ||
+           E'\n  acl ' || coalesce((SELECT relacl::text FROM pg_class WHERE oid = d.objid), '')
+         END, '') || E'\n  comment ' || coalesce(obj_description(d.objid, d.classid::regclass::name), '')
+FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+WHERE e.extname = 'idempotency' AND d.deptype = 'e'
+ORDER BY 1;
+SQL
+}
+
+q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS idem_upgrade_fresh" \
+  -c "CREATE DATABASE idem_upgrade_fresh"
+q -d idem_upgrade_fresh -c "CREATE EXTENSION idempotency"
+fresh=$(catalog idem_upgrade_fresh)
+
+for from in $released; do
+  [[ "$from" == "$current" ]] && continue
+  db=idem_upgrade_from_${from//./_}
+  q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
+  # Stored through the old SQL by this tree's library: the library must keep serving every
+  # version's SQL until the DBA runs the update.
+  q -d "$db" <<SQL >/dev/null
+CREATE EXTENSION idempotency VERSION '$from';
+SELECT idem_claim('order-' || i || ':paid') FROM generate_series(1, 500) AS i;
+SELECT idem_claim('order-' || i || ':refund', 'billing', jsonb_build_object('order', i)) FROM generate_series(1, 50) AS i;
+SELECT idem_set_result('order-7:refund', '{"refund": 7}', 'billing');
+SELECT idem_claim_many(ARRAY['batch-1', 'batch-2', 'batch-1'], 'imports');
+CREATE TABLE accounts (id int PRIMARY KEY, balance numeric, version bigint);
+SELECT idem_versioned_upsert('accounts', jsonb_build_object('id', i, 'balance', i * 10, 'version', 5)) FROM generate_series(1, 20) AS i;
+SELECT idem_versioned_update('accounts', '{"id": 3}', '{"balance": 33, "version": 6}');
+SQL
+  before=$(q -d "$db" -c "SELECT count(*) FROM idempotency.ledger")
+  q -d "$db" -c "ALTER EXTENSION idempotency UPDATE"
+  version=$(q -d "$db" -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
+  got=$(q -d "$db" <<'SQL'
+SELECT count(*) FROM idempotency.ledger;
+SELECT count(*) FILTER (WHERE idem_claim('order-' || i || ':paid')) FROM generate_series(1, 500) AS i;
+SELECT count(*) FILTER (WHERE idem_claim('order-' || i || ':refund', 'billing', jsonb_build_object('order', i))) FROM generate_series(1, 50) AS i;
+SELECT claimed, result FROM idem_claim_replay('order-7:refund', 'billing');
+SELECT idem_claim_many(ARRAY['batch-2', 'batch-3'], 'imports');
+DO $$ BEGIN PERFORM idem_claim('order-1:refund', 'billing', '{"order": 2}'); RAISE 'no error';
+      EXCEPTION WHEN SQLSTATE 'ID001' THEN RAISE NOTICE 'ID001'; END $$;
+SELECT idem_versioned_update('accounts', '{"id": 3}', '{"balance": 1, "version": 6}');
+SELECT string_agg(id || ':' || balance || ':' || version, ' ' ORDER BY id) FROM accounts WHERE id IN (1, 3);
+SQL
+  )
+  expected=$'552\n0\n0\nf|{"refund": 7}\n{f,t}\nf\n1:10:5 3:33:6'
+  if [[ "$version" != "$current" || "$before" != 552 || "$got" != "$expected" ]]; then
+    printf 'upgrade from %s: to %s (want %s), %s keys before (want 552)\nexpected:\n%s\ngot:\n%s\n' \
+      "$from" "$version" "$current" "$before" "$expected" "$got"
+    exit 1
+  fi
+  if ! diff <(echo "$fresh") <(catalog "$db") >/tmp/idem-upgrade.diff; then
+    echo "upgrade from $from: the updated objects differ from a fresh install of $current (< fresh, > updated):"
+    cat /tmp/idem-upgrade.diff
+    exit 1
+  fi
+  echo "upgrade $from -> $current: 552 stored keys recognised, result replayed, fingerprint kept, objects as a fresh install"
+done
