@@ -110,8 +110,9 @@ fn ledger_permissions<R>(relid: pg_sys::Oid, columns: Columns, with: impl FnOnce
     LEDGER_PERMISSIONS.with(|cache| {
         let mut cache = cache.borrow_mut();
         if !matches!(&*cache, Some((oid, _)) if *oid == relid) {
+            // SAFETY: TopMemoryContext lives as long as the backend, and relid is the ledger's,
+            // which the caller has open.
             let build = |c: Columns| unsafe {
-                // SAFETY: TopMemoryContext lives as long as the backend.
                 Permissions::new(
                     relid,
                     pg_sys::ACL_INSERT | pg_sys::ACL_SELECT,
@@ -363,6 +364,7 @@ fn insert_without_waiting(insert: impl Fn() -> Result<bool>, key: &str) -> Resul
 }
 
 fn transaction_start() -> TimestampWithTimeZone {
+    // SAFETY: reads the current transaction's start time; a claim only runs inside one.
     let ts = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     TimestampWithTimeZone::try_from(ts).expect("the transaction start is a valid timestamp")
 }

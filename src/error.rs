@@ -186,6 +186,7 @@ pub unsafe fn raise(error: IdemError) -> ! {
 /// returns, so it is safe anywhere.
 pub fn warn(warning: IdemError) {
     if let IdemError::Own(report) = warning {
+        // SAFETY: a WARNING returns from errfinish, so no frame is skipped.
         unsafe { emit(pg_sys::WARNING as c_int, report) }
     }
 }
@@ -224,6 +225,7 @@ const fn encode_sqlstate(code: &[u8; 5]) -> c_int {
 fn palloc_cstr(text: Option<String>) -> *mut c_char {
     let Some(text) = text else { return std::ptr::null_mut() };
     let c = CString::new(text.replace('\0', "\\0")).expect("NUL bytes were replaced");
+    // SAFETY: c is a NUL-terminated string alive for the call; pstrdup copies it.
     unsafe { pg_sys::pstrdup(c.as_ptr()) }
 }
 

@@ -182,6 +182,7 @@ mod tests {
     /// A jsonb datum parsed from text, living in the current memory context.
     fn jsonb(text: &str) -> pg_sys::Datum {
         let text = std::ffi::CString::new(text).unwrap();
+        // SAFETY: jsonb_in reads the NUL-terminated text, alive for the call.
         unsafe {
             pg_sys::OidInputFunctionCall(
                 pg_sys::Oid::from(pg_sys::F_JSONB_IN),
@@ -195,6 +196,7 @@ mod tests {
     /// A member as "name=type:value", the value as jsonb_each's `value #>> '{}'` shows it.
     fn describe(member: &Member<'_>) -> String {
         let v = &member.value;
+        // SAFETY: each arm reads the union member its type_ names, as jsonb's iterator set it.
         let (kind, text) = unsafe {
             match v.type_ {
                 pg_sys::jbvType::jbvNull => ("null", String::new()),
@@ -231,6 +233,7 @@ mod tests {
     }
 
     fn read(text: &str) -> Vec<String> {
+        // SAFETY: jsonb() returns a jsonb datum of the current memory context.
         unsafe { object_members(jsonb(text), "test").unwrap() }.iter().map(describe).collect()
     }
 
@@ -303,7 +306,9 @@ mod tests {
         for text in texts {
             let document = format!(r#"{{"n": {text}}}"#);
             let printed = Spi::get_one::<String>(&format!("SELECT '{document}'::jsonb ->> 'n'")).unwrap().unwrap();
+            // SAFETY: a jsonb datum of the current memory context, whose one member is a number.
             let members = unsafe { object_members(jsonb(&document), "test").unwrap() };
+            // SAFETY: the member is jbvNumeric, so val.numeric is the union member set.
             let read = unsafe { integer(members[0].value.val.numeric) };
             assert_eq!(read, printed.parse::<i64>().ok(), "{text} prints as {printed}");
         }
@@ -312,6 +317,7 @@ mod tests {
     #[pg_test]
     fn only_objects_have_members() {
         for text in ["[1, 2]", "5", r#""text""#, "null"] {
+            // SAFETY: jsonb() returns a jsonb datum of the current memory context.
             let error = unsafe { object_members(jsonb(text), "key") }.err().expect(text);
             let IdemError::Own(report) = error else { panic!("an own error") };
             assert_eq!(report.state, SqlState::InvalidParameterValue);
