@@ -68,6 +68,8 @@ suite upgraded "pg_regress, isolation and the differential tester on an extensio
 suite pg_cron "pg_cron runs the scheduled purge" bash tests/pg_cron.sh
 suite executor_hooks "what pgaudit, pg_stat_statements and auto_explain see of direct writes" \
   bash tests/executor_hooks.sh
+suite readme_snippets "README's language snippets: equal to examples/, whose consumers survive SIGKILL (RabbitMQ)" \
+  bash tests/readme_snippets.sh
 
 # Every suite above stops the script on its first failure, so reaching here means all passed.
 echo "suites: $passed passed, 0 failed${skipped:+ (skipped:$skipped)}"

@@ -1,0 +1,88 @@
+// A RabbitMQ consumer of payment messages that pays each order once, however often it is delivered.
+//
+// Each message is {"order_id": ..., "amount": ...} with its idempotency key as the AMQP MessageId.
+// PostgreSQL from the libpq variables (pgxpool reads PGHOST, PGPORT, ...), the broker from
+// AMQP_URL, the queue from QUEUE. The part between the README markers is the Go snippet of
+// README.md; tests/readme_sync.sh checks that text (no Go toolchain on the test machines yet).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log"
+	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func main() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	url := os.Getenv("AMQP_URL")
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672"
+	}
+	queue := os.Getenv("QUEUE")
+	if queue == "" {
+		queue = "payments"
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		log.Fatal(err)
+	}
+	if err := ch.Qos(10, 0, false); err != nil {
+		log.Fatal(err)
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// README:begin go
+	for d := range deliveries {
+		if err := pay(ctx, pool, d); err != nil {
+			log.Printf("payment %s rolled back, requeued: %v", d.MessageId, err)
+			d.Nack(false, true) // requeue: the broker delivers it again
+			continue
+		}
+		d.Ack(false) // only after COMMIT; a duplicate is acked too
+	}
+	// README:end go
+}
+
+// README:begin go
+func pay(ctx context.Context, pool *pgxpool.Pool, d amqp.Delivery) error {
+	var p struct {
+		OrderID string      `json:"order_id"`
+		Amount  json.Number `json:"amount"`
+	}
+	if err := json.Unmarshal(d.Body, &p); err != nil {
+		return err
+	}
+	tx, err := pool.Begin(ctx) // one pooled connection for this message's transaction
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) // a no-op once committed
+	var isNew bool
+	if err := tx.QueryRow(ctx, "SELECT idem_claim($1, 'billing')", d.MessageId).Scan(&isNew); err != nil {
+		return err
+	}
+	if isNew {
+		if _, err := tx.Exec(ctx, "INSERT INTO payments (order_id, amount) VALUES ($1, $2)", p.OrderID, p.Amount.String()); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+// README:end go

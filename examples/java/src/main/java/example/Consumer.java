@@ -1,0 +1,81 @@
+// A RabbitMQ consumer of payment messages that pays each order once, however often it is delivered.
+//
+// Each message is {"order_id": "...", "amount": ...} with its idempotency key as the AMQP message id.
+// PostgreSQL from JDBC_URL, the broker from AMQP_URL, the queue from QUEUE. The part between the
+// README markers is the Java snippet of README.md (tests/readme_sync.sh checks that text).
+package example;
+
+import com.rabbitmq.client.Channel;
+import com.rabbitmq.client.ConnectionFactory;
+import com.rabbitmq.client.DeliverCallback;
+import com.zaxxer.hikari.HikariDataSource;
+import java.math.BigDecimal;
+import java.nio.charset.StandardCharsets;
+import java.sql.Connection;
+import java.sql.SQLException;
+import java.util.Objects;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import javax.sql.DataSource;
+
+public final class Consumer {
+  record Payment(String orderId, BigDecimal amount) {
+    private static final Pattern FIELDS =
+        Pattern.compile("\"order_id\"\\s*:\\s*\"([^\"]*)\".*\"amount\"\\s*:\\s*([0-9.eE+-]+)", Pattern.DOTALL);
+
+    // The two fields of the flat message, without a JSON library; a real consumer uses its own.
+    static Payment parse(byte[] body) {
+      Matcher m = FIELDS.matcher(new String(body, StandardCharsets.UTF_8));
+      if (!m.find()) throw new IllegalArgumentException("not a payment message");
+      return new Payment(m.group(1), new BigDecimal(m.group(2)));
+    }
+  }
+
+  public static void main(String[] args) throws Exception {
+    var pool = new HikariDataSource();
+    pool.setJdbcUrl(Objects.requireNonNullElse(System.getenv("JDBC_URL"), "jdbc:postgresql:///postgres"));
+    var factory = new ConnectionFactory();
+    factory.setUri(Objects.requireNonNullElse(System.getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672"));
+    Channel channel = factory.newConnection().createChannel();
+    String queue = Objects.requireNonNullElse(System.getenv("QUEUE"), "payments");
+    channel.queueDeclare(queue, true, false, false, null);
+    channel.basicQos(10);
+    channel.basicConsume(queue, false, onMessage(pool, channel), tag -> {});
+  }
+
+  static DeliverCallback onMessage(DataSource pool, Channel channel) {
+    // README:begin java
+    return (consumerTag, delivery) -> {
+      long tag = delivery.getEnvelope().getDeliveryTag();
+      String key = delivery.getProperties().getMessageId();
+      try (Connection conn = pool.getConnection()) { // one pooled connection per message
+        Payment p = Payment.parse(delivery.getBody());
+        conn.setAutoCommit(false);
+        try {
+          boolean isNew;
+          try (var st = conn.prepareStatement("SELECT idem_claim(?, 'billing')")) {
+            st.setString(1, key);
+            try (var rs = st.executeQuery()) { rs.next(); isNew = rs.getBoolean(1); }
+          }
+          if (isNew) {
+            try (var st = conn.prepareStatement("INSERT INTO payments (order_id, amount) VALUES (?, ?)")) {
+              st.setString(1, p.orderId());
+              st.setBigDecimal(2, p.amount());
+              st.executeUpdate();
+            }
+          }
+          conn.commit();
+        } catch (SQLException | RuntimeException e) {
+          conn.rollback();
+          throw e;
+        }
+      } catch (SQLException | RuntimeException e) {
+        System.err.println("payment " + key + " rolled back, requeued: " + e);
+        channel.basicNack(tag, false, true); // requeue: the broker delivers it again
+        return;
+      }
+      channel.basicAck(tag, false); // only after COMMIT; a duplicate is acked too
+    };
+    // README:end java
+  }
+}

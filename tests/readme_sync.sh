@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Every fenced code block in README.md's section "Using it from your language" must equal, once
+# dedented, the excerpt of a file under examples/ between the lines "README:begin TAG" and
+# "README:end TAG" (in the file's own comment syntax; several such regions of one file are joined
+# by a blank line), where TAG is the block's language tag;
+# every such excerpt must be in the README once, and each tag's examples live in examples/DIR
+# (python, go, node for js, java, rust). Fails, with a diff, when the two drift.
+# Usage: tests/readme_sync.sh [README]   (default README.md)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec python3 - "${1:-README.md}" <<'PY'
+import difflib, pathlib, re, sys, textwrap
+
+SECTION = "## Using it from your language"
+DIRS = {"python": "python", "go": "go", "js": "node", "java": "java", "rust": "rust"}
+readme = pathlib.Path(sys.argv[1]).read_text()
+if SECTION not in readme:
+    sys.exit(f"readme_sync: no section {SECTION!r} in {sys.argv[1]}")
+section = readme.split(SECTION, 1)[1]
+section = re.split(r"^## ", section, maxsplit=1, flags=re.M)[0]
+blocks = re.findall(r"^```(\S*)\n(.*?)^```$", section, flags=re.S | re.M)
+
+excerpts = {}  # tag -> (file, text)
+for tag, folder in DIRS.items():
+    for path in sorted(pathlib.Path("examples", folder).rglob("*")):
+        if not path.is_file() or any(p in path.parts for p in ("node_modules", ".venv", "target")):
+            continue
+        lines = path.read_text(errors="replace").splitlines(keepends=True)
+        begin = [i for i, l in enumerate(lines) if re.search(rf"README:begin {re.escape(tag)}\s*$", l)]
+        end = [i for i, l in enumerate(lines) if re.search(rf"README:end {re.escape(tag)}\s*$", l)]
+        if not begin and not end:
+            continue
+        if len(begin) != len(end) or tag in excerpts or any(
+                not b < e for b, e in zip(begin, end)) or any(e > b for e, b in zip(end, begin[1:])):
+            sys.exit(f"readme_sync: {path}: want 'README:begin {tag}' and 'README:end {tag}' in pairs, "
+                     f"in one file of examples/{folder}")
+        # Several regions of one file make one snippet, a blank line between them.
+        excerpts[tag] = (path, "\n".join(textwrap.dedent("".join(lines[b + 1:e])) for b, e in zip(begin, end)))
+
+failed = []
+seen = set()
+for tag, body in blocks:
+    if tag not in DIRS:
+        failed.append(f"a ```{tag} block: no examples/ folder for that language tag")
+        continue
+    if tag in seen:
+        failed.append(f"two ```{tag} blocks; each language has one snippet")
+        continue
+    seen.add(tag)
+    if tag not in excerpts:
+        failed.append(f"the ```{tag} block has no 'README:begin {tag}' excerpt under examples/{DIRS[tag]}")
+        continue
+    path, text = excerpts[tag]
+    if body != text:
+        diff = "".join(difflib.unified_diff(text.splitlines(True), body.splitlines(True), str(path), "README.md"))
+        failed.append(f"the ```{tag} block differs from {path}:\n{diff}")
+for tag in excerpts.keys() - seen:
+    failed.append(f"{excerpts[tag][0]} has a README excerpt that is not in the README")
+if failed:
+    print("readme_sync: README.md and examples/ have drifted:\n" + "\n".join(failed), file=sys.stderr)
+    sys.exit(1)
+print(f"readme_sync: {len(blocks)} snippets in README.md equal their examples/ excerpts ({', '.join(t for t, _ in blocks)})")
+PY
