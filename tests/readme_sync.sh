@@ -4,7 +4,8 @@
 # "README:end TAG" (in the file's own comment syntax; several such regions of one file are joined
 # by a blank line), where TAG is the block's language tag;
 # every such excerpt must be in the README once, and each tag's examples live in examples/DIR
-# (python, go, node for js, java, rust). Fails, with a diff, when the two drift.
+# (python, go, node for js, java, rust). Fails, with a diff, when the two drift. Every ```sql
+# block anywhere in the README must appear, line for line, in a pg_test/sql story.
 # Usage: tests/readme_sync.sh [README]   (default README.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,8 +57,15 @@ for tag, body in blocks:
         failed.append(f"the ```{tag} block differs from {path}:\n{diff}")
 for tag in excerpts.keys() - seen:
     failed.append(f"{excerpts[tag][0]} has a README excerpt that is not in the README")
+# Every SQL block anywhere in the README runs, as written, in a pg_regress story.
+stories = {path: path.read_text() for path in sorted(pathlib.Path("pg_test/sql").glob("*.sql"))}
+sql_blocks = re.findall(r"^```sql\n(.*?)^```$", readme, flags=re.S | re.M)
+for body in sql_blocks:
+    if not any(("\n" + text).find("\n" + body) >= 0 for text in stories.values()):
+        failed.append(f"this ```sql block is in no pg_test/sql story, so no test runs it:\n{body}")
 if failed:
     print("readme_sync: README.md and examples/ have drifted:\n" + "\n".join(failed), file=sys.stderr)
     sys.exit(1)
-print(f"readme_sync: {len(blocks)} snippets in README.md equal their examples/ excerpts ({', '.join(t for t, _ in blocks)})")
+print(f"readme_sync: {len(blocks)} snippets in README.md equal their examples/ excerpts ({', '.join(t for t, _ in blocks)}), "
+      f"and its {len(sql_blocks)} SQL blocks run in pg_test/sql stories")
 PY
