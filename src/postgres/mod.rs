@@ -5,6 +5,7 @@
 //! - [`guard`]: calls into PostgreSQL that keep an error whole ([`catch`]), so that it can be
 //!   raised again exactly as the equivalent statement raises it.
 //! - [`ffi`]: PostgreSQL functions declared without pgrx's per-call guard, for [`catch`].
+//! - [`version`]: every difference between the PostgreSQL majors, and only those.
 //! - [`spi`]: statements prepared once per backend and run through SPI.
 //! - [`write`]: one row written through the table and index access methods, in the
 //!   executor's own steps, for tables proven plain enough ([`write::is_plain`]).
@@ -12,6 +13,8 @@
 pub mod ffi;
 mod guard;
 pub mod spi;
+mod version;
 pub mod write;
 
 pub use guard::{catch, PgError};
+pub use version::attributes as descriptor_attributes;
