@@ -96,8 +96,12 @@ pgrx-test: deps
 test-cassert: deps
 	env REGRESS_TESTS="$(REGRESS_TESTS)" ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/own-server.sh 15-cassert
 
-# The same suites, pgrx's #[pg_test] functions aside, against PostgreSQL 18 (see pg18).
+# The same suites against PostgreSQL 18 (see pg18), #[pg_test] functions first: like
+# pgrx-test they install a debug build, into 18's prefix, which own-server.sh then replaces.
+# Their own target directory keeps pg18's pgrx-pg-sys from rebuilding pg15's in target/.
 test-pg18: deps pg18
+	rm -rf $(PGRX_TEST_DIR)-18
+	env CARGO_TARGET_DIR=$(CURDIR)/target/pg18 cargo pgrx test pg18 --runas postgres --pgdata $(PGRX_TEST_DIR)-18
 	env REGRESS_TESTS="$(REGRESS_TESTS)" ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/own-server.sh 18
 
 ifeq ($(PG_MAJOR),$(SYSTEM_MAJOR))

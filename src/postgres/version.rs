@@ -238,7 +238,6 @@ pub const NO_INDEXES: UpdateIndexes = pg_sys::TU_UpdateIndexes::TU_None;
 ///
 /// # Safety
 /// Unguarded: inside [`super::catch`], with valid executor structures.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn tuple_update(
     rel: pg_sys::Relation,
     tid: pg_sys::ItemPointer,
@@ -273,7 +272,9 @@ pub fn index_entries_needed(update_indexes: UpdateIndexes) -> Option<bool> {
     return match update_indexes {
         pg_sys::TU_UpdateIndexes::TU_None => None,
         pg_sys::TU_UpdateIndexes::TU_Summarizing => Some(true),
-        _ => Some(false),
+        pg_sys::TU_UpdateIndexes::TU_All => Some(false),
+        // Guessing either way writes wrong index entries without a word.
+        other => panic!("table_tuple_update answered an unknown TU_UpdateIndexes {other}"),
     };
 }
 
