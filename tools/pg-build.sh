@@ -53,7 +53,7 @@ STAMP=$PREFIX/.built-$PG_VERSION-upstream-layout
 
 case $mode in
   prefix) echo "$PREFIX"; exit 0 ;;
-  has-cron) [ -f "$PREFIX/lib/pg_cron.so" ]; exit ;;
+  has-cron) [ -f "$("$PREFIX/bin/pg_config" --pkglibdir 2>/dev/null)/pg_cron.so" ]; exit ;;
 esac
 
 [ -f "$STAMP" ] && { echo "PostgreSQL $BUILD already built in $PREFIX"; exit 0; }
