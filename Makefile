@@ -17,6 +17,7 @@ VIRTUALENV    := pg_virtualenv -v $(SYSTEM_MAJOR) -o shared_preload_libraries=pg
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs/*.spec))))
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
+CASSERT_MAJOR ?= 15
 
 .PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test test-cassert test-pg18 pg18 lint bench bench-instructions fuzz-direct clean
 
@@ -93,8 +94,9 @@ pgrx-test: deps
 # tests/own-server.sh builds that server once per machine (tools/pg-build.sh, about six
 # minutes on two cores), installs the extension there with its own pgrx configuration and
 # target directory, and fails on any TRAP in the server log. pg_cron is not built for it.
+# CASSERT_MAJOR=18 does the same on 18 (tools/pg-build.sh 18-cassert).
 test-cassert: deps
-	env REGRESS_TESTS="$(REGRESS_TESTS)" ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/own-server.sh 15-cassert
+	env REGRESS_TESTS="$(REGRESS_TESTS)" ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/own-server.sh $(CASSERT_MAJOR)-cassert
 
 # The same suites against PostgreSQL 18 (see pg18), #[pg_test] functions first: like
 # pgrx-test they install a debug build, into 18's prefix, which own-server.sh then replaces.

@@ -4,6 +4,7 @@
 #   tests/own-server.sh 15-cassert   `make test-cassert`: assertions on, so misuse of buffer,
 #                                    snapshot, memory-context and executor APIs that a release
 #                                    build forgives stops the backend with TRAP.
+#   tests/own-server.sh 18-cassert   `make test-cassert CASSERT_MAJOR=18`: the same on 18.
 #   tests/own-server.sh 18           `make test-pg18`: the newest major, which Debian 12 does
 #                                    not package.
 #   tests/own-server.sh 18 CMD...    CMD in place of the suites, with PGHOST, PGPORT, PGUSER
@@ -14,7 +15,7 @@
 # as for `make regress`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD=${1:?usage: tests/own-server.sh 15-cassert|18 [CMD...]}
+BUILD=${1:?usage: tests/own-server.sh 15-cassert|18|18-cassert [CMD...]}
 shift
 PREFIX=$(bash tools/pg-build.sh --prefix "$BUILD")
 PG_CONFIG=$PREFIX/bin/pg_config
@@ -23,6 +24,10 @@ case $BUILD in
   15-cassert) export PGRX_HOME=${CASSERT_PGRX_HOME:-/var/cache/idempotency/pgrx-cassert}
               export CARGO_TARGET_DIR=${CASSERT_TARGET_DIR:-$PWD/target/cassert}
               RUN=${CASSERT_RUN:-/tmp/idempotency-cassert} PORT=${CASSERT_PORT:-5499} ;;
+  # The assert-enabled builds share that configuration, apart from ~/.pgrx's release 18.
+  18-cassert) export PGRX_HOME=${CASSERT_PGRX_HOME:-/var/cache/idempotency/pgrx-cassert}
+              export CARGO_TARGET_DIR=${CASSERT_TARGET_DIR:-$PWD/target/cassert18}
+              RUN=${CASSERT_RUN:-/tmp/idempotency-cassert18} PORT=${CASSERT_PORT:-5520} ;;
   # `make pgrx-init` registers this one in ~/.pgrx beside the system's 15.
   18)         export CARGO_TARGET_DIR=${PG18_TARGET_DIR:-$PWD/target/pg18}
               RUN=${PG18_RUN:-/tmp/idempotency-pg18} PORT=${PG18_PORT:-5518} ;;

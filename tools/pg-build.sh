@@ -12,11 +12,12 @@
 #               executor APIs that a release build forgives fails loudly there.
 #   18          sid's PostgreSQL 18, a release build: the newest server the extension targets,
 #               beside the system's 15 (Debian 12 has no binary package of 18).
+#   18-cassert  the same with assertions.
 set -euo pipefail
 
 mode=build
 case ${1:-} in --prefix|--has-cron) mode=${1#--}; shift ;; esac
-BUILD=${1:?usage: tools/pg-build.sh [--prefix|--has-cron] 15-cassert|18}
+BUILD=${1:?usage: tools/pg-build.sh [--prefix|--has-cron] 15-cassert|18|18-cassert}
 ROOT=/var/cache/idempotency
 
 # One table of what differs between the builds; the steps below are shared. The 15-cassert
@@ -45,7 +46,18 @@ case $BUILD in
     # 18 makes liburing and libnuma opt-in, so a plain release build needs neither.
     CONFIGURE=()
     ;;
-  *) echo "pg-build: unknown build '$BUILD' (15-cassert or 18)" >&2; exit 2 ;;
+  # 18 with assertions: the executor calls src/postgres/version.rs makes for 16 and up
+  # (RTEPermissionInfo, unpruned relids, ri_needLockTagTuple) checked as 15-cassert checks 15's.
+  18-cassert)
+    PREFIX=${PG18_CASSERT_PREFIX:-$ROOT/pg18-cassert}
+    WORK=${PG18_CASSERT_WORK:-$ROOT/src-pg18-cassert}
+    PG_VERSION=${PG18_PG_VERSION:-18.6-3}
+    SUITE=sid MAJOR=18
+    PGAUDIT=pgaudit-18
+    PGCRON=pg-cron
+    CONFIGURE=(--enable-cassert --enable-debug CFLAGS="-O1 -g")
+    ;;
+  *) echo "pg-build: unknown build '$BUILD' (15-cassert, 18 or 18-cassert)" >&2; exit 2 ;;
 esac
 # "upstream-layout": earlier builds applied Debian's patches and so installed their modules
 # into the system's /usr/lib/postgresql/15/lib; their stamp must not count any more.
