@@ -1,19 +1,25 @@
 # The newcomer's contract: `make demo` and `make test` do all the set-up on a fresh
 # Debian 12 machine (as root), and skip in seconds whatever is already done.
 
-PG_MAJOR      ?= 15
-PG_CONFIG     ?= /usr/lib/postgresql/$(PG_MAJOR)/bin/pg_config
+# The system's PostgreSQL, from Debian's packages: install, demo, regress, pgrx-test, lint.
+SYSTEM_MAJOR  ?= 15
+PG_CONFIG     ?= /usr/lib/postgresql/$(SYSTEM_MAJOR)/bin/pg_config
+# The server `make bench` measures: the system's, or 18, built from source beside it
+# (tools/pg-build.sh 18, into PG18_PREFIX) since Debian 12 has no package of it.
+PG_MAJOR      ?= $(SYSTEM_MAJOR)
+PG18_PREFIX   := $(shell bash tools/pg-build.sh --prefix 18)
 PGRX_VERSION  := 0.18.1
 PGXS_TEST     = $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)/pgxs/src/test
-APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) postgresql-$(PG_MAJOR)-cron postgresql-$(PG_MAJOR)-pgaudit \
+APT_PACKAGES  := postgresql-$(SYSTEM_MAJOR) postgresql-server-dev-$(SYSTEM_MAJOR) postgresql-$(SYSTEM_MAJOR)-cron postgresql-$(SYSTEM_MAJOR)-pgaudit \
                  postgresql-contrib libclang-dev sudo pkg-config
 # A throwaway cluster with pg_cron preloaded; everything that needs a server runs inside it.
-VIRTUALENV    := pg_virtualenv -v $(PG_MAJOR) -o shared_preload_libraries=pg_cron,pgaudit,pg_stat_statements -o cron.use_background_workers=on
+VIRTUALENV    := pg_virtualenv -v $(SYSTEM_MAJOR) -o shared_preload_libraries=pg_cron,pgaudit,pg_stat_statements -o cron.use_background_workers=on
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs/*.spec))))
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
+CASSERT_MAJOR ?= 15
 
-.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test test-cassert lint bench bench-instructions fuzz-direct clean
+.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test test-cassert test-pg18 pg18 lint bench bench-instructions fuzz-direct clean
 
 all: install
 
@@ -34,11 +40,22 @@ cargo-pgrx:
 	  cargo install cargo-pgrx --version $(PGRX_VERSION) --locked; \
 	fi
 
-# pgrx only needs to know the system pg_config; it must never download PostgreSQL.
+# pgrx only needs to know the system pg_config, and 18's once it is built (`make pg18`);
+# it must never download PostgreSQL. `cargo pgrx init` adds to the configuration it finds.
 pgrx-init: apt-deps cargo-pgrx
-	@if ! grep -qs '^pg$(PG_MAJOR) *= *"$(PG_CONFIG)"' $${PGRX_HOME:-$$HOME/.pgrx}/config.toml; then \
-	  cargo pgrx init --pg$(PG_MAJOR) $(PG_CONFIG); \
+	@if ! grep -qs '^pg$(SYSTEM_MAJOR) *= *"$(PG_CONFIG)"' $${PGRX_HOME:-$$HOME/.pgrx}/config.toml; then \
+	  cargo pgrx init --pg$(SYSTEM_MAJOR) $(PG_CONFIG); \
 	fi
+	@if [ -x $(PG18_PREFIX)/bin/pg_config ] && \
+	    ! grep -qs '^pg18 *= *"$(PG18_PREFIX)/bin/pg_config"' $${PGRX_HOME:-$$HOME/.pgrx}/config.toml; then \
+	  cargo pgrx init --pg18 $(PG18_PREFIX)/bin/pg_config; \
+	fi
+
+# PostgreSQL 18 with amcheck, pg_stat_statements, auto_explain and pgaudit, from sid's source
+# packages, once per machine (about three and a half minutes on two cores).
+pg18:
+	bash tools/pg-build.sh 18
+	@$(MAKE) -s pgrx-init
 
 # --- build and install -----------------------------------------------------------------
 install: deps
@@ -50,17 +67,19 @@ demo: install
 
 # --- lint ------------------------------------------------------------------------------
 # Clippy and rustfmt (rustfmt.toml: the code's 120 columns) must stay silent on every crate
-# of the workspace, and no released SQL script may change (RELEASES, sql/released/).
-# pgrx-pg-sys needs pg_config to generate its bindings, hence deps.
-lint: deps
+# of the workspace and on the extension built for 18, whose code src/postgres/version.rs
+# switches; no released SQL script may change (RELEASES, sql/released/). pgrx-pg-sys needs
+# pg_config to generate its bindings, hence deps and pg18.
+lint: deps pg18
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p idempotency --no-default-features --features pg18 --all-targets -- -D warnings
 	bash tools/check-released.sh
 
 # --- tests -----------------------------------------------------------------------------
 # pgrx-test installs its own debug build system-wide, so it runs first and `regress`
-# reinstalls the release build.
-test: pgrx-test regress
+# reinstalls the release build. test-pg18 touches only its own prefix.
+test: pgrx-test regress test-pg18
 
 # pg_regress over pg_test/ and the client-driven tests, against one throwaway cluster.
 regress: install
@@ -70,18 +89,34 @@ regress: install
 # #[pg_test] functions run inside a cluster that cargo-pgrx starts as the postgres user.
 pgrx-test: deps
 	rm -rf $(PGRX_TEST_DIR)
-	cargo pgrx test pg$(PG_MAJOR) --runas postgres --pgdata $(PGRX_TEST_DIR)
+	cargo pgrx test pg$(SYSTEM_MAJOR) --runas postgres --pgdata $(PGRX_TEST_DIR)
 
 # The same server-side suites against an assert-enabled PostgreSQL, which stops a backend
 # with TRAP on misuse of buffer, snapshot and executor APIs that a release build forgives.
-# tests/cassert.sh builds that server once per machine (tools/cassert-build.sh, about six
+# tests/own-server.sh builds that server once per machine (tools/pg-build.sh, about six
 # minutes on two cores), installs the extension there with its own pgrx configuration and
 # target directory, and fails on any TRAP in the server log. pg_cron is not built for it.
+# CASSERT_MAJOR=18 does the same on 18 (tools/pg-build.sh 18-cassert).
 test-cassert: deps
-	env REGRESS_TESTS="$(REGRESS_TESTS)" ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/cassert.sh
+	env REGRESS_TESTS="$(REGRESS_TESTS)" ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/own-server.sh $(CASSERT_MAJOR)-cassert
 
+# The same suites against PostgreSQL 18 (see pg18), #[pg_test] functions first: like
+# pgrx-test they install a debug build, into 18's prefix, which own-server.sh then replaces.
+# Their own target directory keeps pg18's pgrx-pg-sys from rebuilding pg15's in target/.
+test-pg18: deps pg18
+	rm -rf $(PGRX_TEST_DIR)-18
+	env CARGO_TARGET_DIR=$(CURDIR)/target/pg18 cargo pgrx test pg18 --runas postgres --pgdata $(PGRX_TEST_DIR)-18
+	env REGRESS_TESTS="$(REGRESS_TESTS)" ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/own-server.sh 18
+
+ifeq ($(PG_MAJOR),$(SYSTEM_MAJOR))
 bench: install
 	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off -o autovacuum=off bash bench/run.sh; fi
+else
+# Against a server of our own, started with initdb and pg_ctl (pg_virtualenv knows only
+# packaged servers); the extension is built and installed into its prefix on the way.
+bench: deps
+	env SERVER_OPTIONS="-c synchronous_commit=off -c autovacuum=off" bash tests/own-server.sh $(PG_MAJOR) bash bench/run.sh
+endif
 
 # The differential tester (tests/differential) for ten minutes from a random seed, which it
 # prints first, so that a failing case replays with --seed S --case I.

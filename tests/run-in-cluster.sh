@@ -2,8 +2,8 @@
 # Runs every test that needs a server, inside the throwaway cluster that `make test` opens
 # with pg_virtualenv (PGHOST, PGPORT, PGUSER and PGPASSWORD point at it).
 # PGXS_TEST: PostgreSQL's pgxs test directory; REGRESS_TESTS and ISOLATION_TESTS: test names.
-# tests/cassert.sh runs the same suites against an assert-enabled build, with two switches:
-# SKIP_SUITES: names of suites to leave out (that build has no pg_cron);
+# tests/own-server.sh runs the same suites against a self-built server, with three switches:
+# SKIP_SUITES: names of suites to leave out (a build without pg_cron), SKIP_WHY: why;
 # RESULTS_DIR: where pg_regress writes its output (default target/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ show_diffs() { cat "$1/regression.diffs" 2>/dev/null | head -300; exit 1; }
 suite() {
   local name=$1 title=$2; shift 2
   if [[ " ${SKIP_SUITES:-} " == *" $name "* ]]; then
-    echo "== $title: skipped (SKIP_SUITES)"; skipped+=" $name"; return
+    echo "== $title: skipped (${SKIP_WHY:-SKIP_SUITES})"; skipped+=" $name"; return
   fi
   echo "== $title"
   "$@"

@@ -11,19 +11,22 @@
 
 use pgrx::pg_sys;
 
+/// `#[cfg]` on a declaration is for src/postgres/version.rs, the one place where the majors'
+/// signatures differ.
 macro_rules! unguarded {
-    ($($(#[link_name = $link:literal])? fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
+    ($($(#[cfg($cfg:meta)])? $(#[link_name = $link:literal])? fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
         mod ffi {
             #![allow(non_snake_case)]
             use pgrx::pg_sys::{self, *};
             unsafe extern "C-unwind" {
-                $($(#[link_name = $link])? pub fn $name($($arg: $ty),*) $(-> $ret)?;)*
+                $($(#[cfg($cfg)])? $(#[link_name = $link])? pub fn $name($($arg: $ty),*) $(-> $ret)?;)*
             }
-            $(const _: unsafe fn($($ty),*) $(-> $ret)? = pg_sys::$name;)*
+            $($(#[cfg($cfg)])? const _: unsafe fn($($ty),*) $(-> $ret)? = pg_sys::$name;)*
         }
-        pub use ffi::{$($name),*};
+        $($(#[cfg($cfg)])? pub use ffi::$name;)*
     };
 }
+pub(super) use unguarded;
 
 unguarded! {
     fn PushActiveSnapshot(snapshot: Snapshot);
@@ -35,7 +38,6 @@ unguarded! {
 
     fn index_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
     fn index_close(relation: Relation, lockmode: LOCKMODE);
-    fn index_beginscan(heapRelation: Relation, indexRelation: Relation, snapshot: Snapshot, nkeys: ::core::ffi::c_int, norderbys: ::core::ffi::c_int) -> IndexScanDesc;
     fn index_rescan(scan: IndexScanDesc, keys: ScanKey, nkeys: ::core::ffi::c_int, orderbys: ScanKey, norderbys: ::core::ffi::c_int);
     fn index_getnext_slot(scan: IndexScanDesc, direction: ScanDirection::Type, slot: *mut TupleTableSlot) -> bool;
     fn index_endscan(scan: IndexScanDesc);
@@ -56,22 +58,16 @@ unguarded! {
 
     fn CreateExecutorState() -> *mut EState;
     fn FreeExecutorState(estate: *mut EState);
-    fn ExecInitRangeTable(estate: *mut EState, rangeTable: *mut List);
     fn InitResultRelInfo(resultRelInfo: *mut ResultRelInfo, resultRelationDesc: Relation, resultRelationIndex: Index, partition_root_rri: *mut ResultRelInfo, instrument_options: ::core::ffi::c_int);
-    fn CheckValidResultRel(resultRelInfo: *mut ResultRelInfo, operation: CmdType::Type);
     fn ExecOpenIndices(resultRelInfo: *mut ResultRelInfo, speculative: bool);
     fn ExecCloseIndices(resultRelInfo: *mut ResultRelInfo);
     fn ExecResetTupleTable(tupleTable: *mut List, shouldFree: bool);
     fn ExecConstraints(resultRelInfo: *mut ResultRelInfo, slot: *mut TupleTableSlot, estate: *mut EState);
-    fn ExecInsertIndexTuples(resultRelInfo: *mut ResultRelInfo, slot: *mut TupleTableSlot, estate: *mut EState, update: bool, noDupErr: bool, specConflict: *mut bool, arbiterIndexes: *mut List) -> *mut List;
     fn MakePerTupleExprContext(estate: *mut EState) -> *mut ExprContext;
     fn palloc0(size: Size) -> *mut ::core::ffi::c_void;
     fn MemoryContextReset(context: MemoryContext);
 
-    #[link_name = "table_tuple_update__pgrx_cshim"]
-    fn table_tuple_update(rel: Relation, otid: ItemPointer, slot: *mut TupleTableSlot, cid: CommandId, snapshot: Snapshot, crosscheck: Snapshot, wait: bool, tmfd: *mut TM_FailureData, lockmode: *mut LockTupleMode::Type, update_indexes: *mut bool) -> TM_Result::Type;
 
-    fn ExecCheckIndexConstraints(resultRelInfo: *mut ResultRelInfo, slot: *mut TupleTableSlot, estate: *mut EState, conflictTid: ItemPointer, arbiterIndexes: *mut List) -> bool;
     fn GetCurrentTransactionId() -> TransactionId;
     fn SpeculativeInsertionLockAcquire(xid: TransactionId) -> uint32;
     fn SpeculativeInsertionLockRelease(xid: TransactionId);
@@ -96,11 +92,9 @@ unguarded! {
     #[link_name = "slot_getsysattr__pgrx_cshim"]
     fn slot_getsysattr(slot: *mut TupleTableSlot, attnum: ::core::ffi::c_int, isnull: *mut bool) -> Datum;
 
-    fn ExecCheckRTPerms(rangeTable: *mut List, ereport_on_violation: bool) -> bool;
     fn PreventCommandIfReadOnly(cmdname: *const ::core::ffi::c_char);
     fn try_relation_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
     fn relation_close(relation: Relation, lockmode: LOCKMODE);
-    fn pg_namespace_aclcheck(nsp_oid: Oid, roleid: Oid, mode: AclMode) -> AclResult::Type;
     fn aclcheck_error(aclerr: AclResult::Type, objtype: ObjectType::Type, objectname: *const ::core::ffi::c_char);
     fn GetUserId() -> Oid;
     fn SearchSysCacheExists(cacheId: ::core::ffi::c_int, key1: Datum, key2: Datum, key3: Datum, key4: Datum) -> bool;

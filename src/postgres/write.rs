@@ -23,6 +23,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
+use super::version::{self, RangeTable};
 use super::{catch, ffi, PgError};
 use crate::error::{IdemError, SqlState};
 
@@ -112,8 +113,7 @@ pub unsafe fn is_plain(rel: pg_sys::Relation) -> bool {
 /// # Safety
 /// `rel` must be open; the attributes live as long as its relcache entry.
 pub unsafe fn attributes<'a>(rel: pg_sys::Relation) -> &'a [pg_sys::FormData_pg_attribute] {
-    let desc = &*(*rel).rd_att;
-    desc.attrs.as_slice(desc.natts as usize)
+    version::attributes((*rel).rd_att)
 }
 
 /// Opens `schema`.`name`, a table the extension owns, with RowExclusiveLock once the caller
@@ -147,7 +147,7 @@ pub unsafe fn open_owned(
                 (schema, oid) = find_owned(schema_name, name);
                 cached.set((schema, oid));
             }
-            let usage = ffi::pg_namespace_aclcheck(schema, ffi::GetUserId(), pg_sys::ACL_USAGE as pg_sys::AclMode);
+            let usage = version::namespace_aclcheck(schema, ffi::GetUserId(), pg_sys::ACL_USAGE as pg_sys::AclMode);
             if usage != pg_sys::AclResult::ACLCHECK_OK {
                 ffi::aclcheck_error(usage, pg_sys::ObjectType::OBJECT_SCHEMA, schema_name.as_ptr());
             }
@@ -185,7 +185,7 @@ unsafe fn find_owned(schema_name: &CStr, name: &CStr) -> (pg_sys::Oid, pg_sys::O
 /// the write replaces: a one-entry range table, built once and kept in `context` (it is
 /// only read by the permission check and the executor state that points at it).
 pub struct Permissions {
-    range_table: *mut pg_sys::List,
+    range_table: RangeTable,
     /// An UPDATE's permissions, not an INSERT's.
     updates: bool,
 }
@@ -202,17 +202,15 @@ impl Permissions {
         context: pg_sys::MemoryContext,
     ) -> Permissions {
         let caller = pg_sys::MemoryContextSwitchTo(context);
-        let rte = pg_sys::palloc0(std::mem::size_of::<pg_sys::RangeTblEntry>()) as *mut pg_sys::RangeTblEntry;
-        (*rte).type_ = pg_sys::NodeTag::T_RangeTblEntry;
-        (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
-        (*rte).relid = relid;
-        (*rte).relkind = pg_sys::RELKIND_RELATION as _;
-        (*rte).rellockmode = pg_sys::RowExclusiveLock as i32;
-        (*rte).requiredPerms = mode as pg_sys::AclMode;
-        (*rte).selectedCols = bitmap(selected);
-        (*rte).insertedCols = bitmap(inserted);
-        (*rte).updatedCols = bitmap(updated);
-        let range_table = pg_sys::lappend(ptr::null_mut(), rte.cast());
+        let range_table = RangeTable::new(
+            relid,
+            version::Privileges {
+                required: mode as pg_sys::AclMode,
+                selected: bitmap(selected),
+                inserted: bitmap(inserted),
+                updated: bitmap(updated),
+            },
+        );
         pg_sys::MemoryContextSwitchTo(caller);
         Permissions { range_table, updates: !updated.is_empty() }
     }
@@ -228,7 +226,7 @@ impl Permissions {
             if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
                 ffi::PreventCommandIfReadOnly(if self.updates { c"UPDATE" } else { c"INSERT" }.as_ptr());
             }
-            ffi::ExecCheckRTPerms(self.range_table, true);
+            self.range_table.check();
         })
     }
 }
@@ -411,7 +409,7 @@ impl FoundRow {
             }
             let index = ffi::index_open(index_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
             let slot = ffi::MakeSingleTupleTableSlot((*rel).rd_att, ffi::table_slot_callbacks(rel));
-            let scan = ffi::index_beginscan(rel, index, snapshot.get(), scan_keys.len() as i32, 0);
+            let scan = version::begin_index_scan(rel, index, snapshot.get(), scan_keys.len() as i32);
             ffi::index_rescan(scan, scan_keys.as_mut_ptr(), scan_keys.len() as i32, ptr::null_mut(), 0);
             let found = ffi::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
             ffi::index_endscan(scan);
@@ -464,11 +462,11 @@ impl Target {
         catch(|| {
             let estate = ffi::CreateExecutorState();
             let caller_context = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
-            ffi::ExecInitRangeTable(estate, permissions.range_table);
+            permissions.range_table.install(estate);
 
             let rri = ffi::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
             ffi::InitResultRelInfo(rri, rel, 1, ptr::null_mut(), 0);
-            ffi::CheckValidResultRel(rri, operation);
+            version::check_valid_result_rel(rri, operation);
             // An update opens the indexes once it needs them (see Target::update).
             if !updates {
                 ffi::ExecOpenIndices(rri, true);
@@ -551,7 +549,7 @@ impl Target {
             let attempt = catch(|| {
                 ffi::check_for_interrupts();
                 let mut conflict = pg_sys::ItemPointerData::default();
-                if !ffi::ExecCheckIndexConstraints(self.rri, slot, self.estate, &mut conflict, arbiters) {
+                if !version::check_index_constraints(self.rri, slot, self.estate, &mut conflict, arbiters) {
                     return Err(conflict);
                 }
                 let xid = ffi::GetCurrentTransactionId();
@@ -565,7 +563,7 @@ impl Target {
                     token,
                 );
                 let mut lost_race = false;
-                ffi::ExecInsertIndexTuples(self.rri, slot, self.estate, false, true, &mut lost_race, arbiters);
+                version::insert_index_tuples(self.rri, slot, self.estate, false, true, &mut lost_race, arbiters, false);
                 ffi::table_tuple_complete_speculative(self.rel, slot, token, !lost_race);
                 ffi::SpeculativeInsertionLockRelease(xid);
                 Ok(!lost_race)
@@ -635,28 +633,37 @@ impl Target {
             if !(*(*self.rel).rd_att).constr.is_null() {
                 ffi::ExecConstraints(self.rri, new, estate);
             }
-            let mut update_indexes = false;
-            let result = ffi::table_tuple_update(
+            let mut update_indexes = version::NO_INDEXES;
+            let result = version::tuple_update(
                 self.rel,
                 &mut tid,
                 new,
-                (*estate).es_output_cid,
-                (*estate).es_snapshot,
-                ptr::null_mut(),
-                true,
+                estate,
                 &mut failure,
                 &mut lock_mode,
                 &mut update_indexes,
             );
-            if result == pg_sys::TM_Result::TM_Ok && update_indexes {
+            let needed =
+                if result == pg_sys::TM_Result::TM_Ok { version::index_entries_needed(update_indexes) } else { None };
+            if let Some(only_summarizing) = needed {
                 // Only now: a HOT update, which most updates of unindexed columns are, makes
-                // no index entries. The indexes opened are the ones the heap update judged
-                // against, as nothing reads invalidations in between.
+                // no index entries (from 16, none but in summarizing indexes). The indexes
+                // opened are the ones the heap update judged against, as nothing reads
+                // invalidations in between.
                 if (*self.rri).ri_IndexRelationDescs.is_null() {
                     ffi::ExecOpenIndices(self.rri, false);
                 }
                 if (*self.rri).ri_NumIndices > 0 {
-                    ffi::ExecInsertIndexTuples(self.rri, new, estate, true, false, ptr::null_mut(), ptr::null_mut());
+                    version::insert_index_tuples(
+                        self.rri,
+                        new,
+                        estate,
+                        true,
+                        false,
+                        ptr::null_mut(),
+                        ptr::null_mut(),
+                        only_summarizing,
+                    );
                 }
             }
             result

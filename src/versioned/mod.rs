@@ -535,7 +535,7 @@ pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::Funct
             "Drop the guard with idem_version_unguard, or guard the renamed column again."
         );
     }
-    let attr = &*(*tupdesc).attrs.as_ptr().add(attnum as usize - 1);
+    let attr = &crate::postgres::descriptor_attributes(tupdesc)[attnum as usize - 1];
     let (mut old_null, mut new_null) = (false, false);
     let old = pg_sys::SPI_getbinval(data.tg_trigtuple, tupdesc, attnum, &mut old_null);
     let new = pg_sys::SPI_getbinval(data.tg_newtuple, tupdesc, attnum, &mut new_null);

@@ -1,0 +1,53 @@
+-- The direct path is really taken, on every PostgreSQL major the suite runs on: the other
+-- stories get the same output either way, so they alone cannot tell a direct write from a
+-- silent fall-back to SPI.  Each SPI statement is prepared on first use and kept for the
+-- backend's life, and a kept plan owns a memory context named CachedPlanSource whose
+-- identifier is its SQL; a direct write prepares none.  This story sets the switch itself,
+-- so it reads the same in both runs of the suite.
+\c
+CREATE TABLE path_probe (id int PRIMARY KEY, state text, version int NOT NULL);
+INSERT INTO path_probe VALUES (1, 'new', 1);
+CREATE FUNCTION kept_plans() RETURNS TABLE (claim_insert bigint, versioned_update bigint) LANGUAGE sql AS $$
+  SELECT count(*) FILTER (WHERE ident LIKE 'INSERT INTO idempotency.ledger (key_digest, scope_id)%'),
+         count(*) FILTER (WHERE ident LIKE 'UPDATE %path_probe% AS t SET %')
+  FROM pg_backend_memory_contexts WHERE name = 'CachedPlanSource'
+$$;
+
+SET idempotency.direct_writes = on;
+SELECT idem_claim('path-direct') AS claimed,
+       idem_versioned_update('path_probe', '{"id": 1}', '{"state": "direct", "version": 2}') AS updated;
+SELECT * FROM kept_plans();
+
+SET idempotency.direct_writes = off;
+SELECT idem_claim('path-statement') AS claimed,
+       idem_versioned_update('path_probe', '{"id": 1}', '{"state": "statement", "version": 3}') AS updated;
+SELECT * FROM kept_plans();
+
+SELECT * FROM path_probe;
+RESET idempotency.direct_writes;
+DROP FUNCTION kept_plans();
+DROP TABLE path_probe;
+
+-- From 16 an update that changes only BRIN-indexed columns can stay HOT, and then only the
+-- summarizing indexes get an entry for the new version.  An entry in the primary key too
+-- would point at a heap-only version: scans that visit the heap, the unique check and
+-- amcheck all pass over it, but an index-only scan, once VACUUM has marked the page
+-- all-visible, counts it.
+CREATE TABLE summarized (id int PRIMARY KEY, seen int, version int NOT NULL);
+CREATE INDEX summarized_seen ON summarized USING brin (seen);
+INSERT INTO summarized VALUES (1, 10, 1);
+BEGIN;
+SELECT idem_versioned_update('summarized', '{"id": 1}', '{"seen": 20, "version": 2}') AS summarized_only;
+-- The update was HOT from 16 on, so the case above was met; 15 never makes it HOT.
+SELECT n_tup_upd AS updates,
+       n_tup_hot_upd = CASE WHEN current_setting('server_version_num')::int >= 160000 THEN 1 ELSE 0 END AS hot_as_expected
+FROM pg_stat_xact_user_tables WHERE relid = 'summarized'::regclass;
+COMMIT;
+VACUUM (INDEX_CLEANUP on) summarized;
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT count(*) AS primary_key_entries FROM summarized WHERE id = 1;
+RESET enable_bitmapscan;
+SELECT * FROM summarized WHERE seen = 20;
+RESET enable_seqscan;
+DROP TABLE summarized;
