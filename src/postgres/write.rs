@@ -257,8 +257,8 @@ pub enum Update {
 }
 
 fn bitmap(attnums: &[i16]) -> *mut pg_sys::Bitmapset {
+    // SAFETY: bms_add_member allocates in the current context and raises only on OOM.
     attnums.iter().fold(ptr::null_mut(), |set, &attnum| unsafe {
-        // SAFETY: bms_add_member allocates in the current context and raises only on OOM.
         pg_sys::bms_add_member(set, i32::from(attnum) - pg_sys::FirstLowInvalidHeapAttributeNumber)
     })
 }

@@ -94,6 +94,7 @@ impl OwnedContext {
 
 impl Drop for OwnedContext {
     fn drop(&mut self) {
+        // SAFETY: the context is this value's own, created by it and deleted only here.
         unsafe { pg_sys::MemoryContextDelete(self.0) };
     }
 }
@@ -421,6 +422,8 @@ impl Literals {
 /// numeric's output function, looked up once per backend.
 fn numeric_out() -> *mut pg_sys::FmgrInfo {
     thread_local! {
+        // SAFETY: allocated in TopMemoryContext, which lives as long as the backend, so the
+        // pointer stays valid for every later call; numeric_out is a built-in function.
         static NUMERIC_OUT: *mut pg_sys::FmgrInfo = unsafe {
             let finfo = pg_sys::MemoryContextAllocZero(pg_sys::TopMemoryContext, std::mem::size_of::<pg_sys::FmgrInfo>()) as *mut pg_sys::FmgrInfo;
             pg_sys::fmgr_info_cxt(pg_sys::Oid::from(pg_sys::F_NUMERIC_OUT), finfo, pg_sys::TopMemoryContext);
@@ -504,6 +507,7 @@ mod tests {
     fn is_direct(table: &str, key: &str, changes: &str) -> bool {
         let jsonb = |text: &str| {
             let text = std::ffi::CString::new(text).unwrap();
+            // SAFETY: jsonb_in reads the NUL-terminated text, alive for the call.
             unsafe {
                 pg_sys::OidInputFunctionCall(
                     pg_sys::Oid::from(pg_sys::F_JSONB_IN),
@@ -514,6 +518,8 @@ mod tests {
             }
         };
         let oid = Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{table}'::regclass::oid")).unwrap().unwrap();
+        // SAFETY: jsonb datums of the current memory context, and a table that exists, opened
+        // and closed here.
         unsafe {
             let key = object_members(jsonb(key), "key").unwrap();
             let changes = object_members(jsonb(changes), "changes").unwrap();

@@ -187,6 +187,7 @@ impl Table {
             Operator::Less => (pg_sys::TYPECACHE_LT_OPR, "version", "ordering"),
             Operator::Equal => (pg_sys::TYPECACHE_EQ_OPR, "key", "equality"),
         };
+        // SAFETY: the type cache entry of an existing type is never freed; it is only read here.
         let entry = unsafe { &*pg_sys::lookup_type_cache(typid, flag as i32) };
         let oid = match wanted {
             Operator::Less => entry.lt_opr,
@@ -257,6 +258,8 @@ unsafe extern "C-unwind" fn forget_plans(_arg: pg_sys::Datum, relid: pg_sys::Oid
 /// with it the decision whether the table is plain enough for a direct write.
 fn cached_plan(table: pg_sys::Oid, signature: String, build: impl FnOnce() -> Result<Plan>) -> Result<Rc<Plan>> {
     if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
+        // SAFETY: registered once per backend (CALLBACK_REGISTERED); forget_plans only clears
+        // a thread-local cache and never raises.
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_plans), pg_sys::Datum::from(0)) };
     }
     let key = (table, signature);
@@ -326,6 +329,7 @@ fn version_value(target: Option<pg_sys::Oid>, members: &[Member<'_>], version: &
 
 fn jsonb_arg<'a>(datum: Option<pg_sys::Datum>, name: &str) -> Result<(pg_sys::Datum, Vec<Member<'a>>)> {
     let datum = required(datum, name)?;
+    // SAFETY: a jsonb argument of the current call, not NULL (required above).
     Ok((datum, unsafe { object_members(datum, name)? }))
 }
 
@@ -430,6 +434,7 @@ fn versioned_update(
         Plan::Direct(direct) => unsafe { direct.run(rel, &key_members, &change_members)? },
         statement => run_statement(statement, &[&key_members, &change_members], &[key, changes])?,
     };
+    // SAFETY: rel was opened above and is closed once; the lock is kept to the transaction's end.
     unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
     Ok(changed)
 }
@@ -569,6 +574,8 @@ fn name_arg(name: Option<&CStr>) -> Result<Option<&str>> {
 // looked at in Rust, and the datums go to the statement unconverted.
 #[pg_extern(sql = false)]
 fn idem_versioned_update(fcinfo: pg_sys::FunctionCallInfo) -> Option<bool> {
+    // SAFETY: the SQL declaration gives these four arguments these types (regclass, jsonb,
+    // jsonb, name); a NULL comes back as None.
     let (target, key, changes, version) = unsafe {
         (
             pg_getarg::<pg_sys::Oid>(fcinfo, 0),
@@ -583,6 +590,8 @@ sqlstate_entry!(idem_versioned_update_entry, pg_finfo_idem_versioned_update_entr
 
 #[pg_extern(sql = false)]
 fn idem_versioned_upsert(fcinfo: pg_sys::FunctionCallInfo) -> Option<bool> {
+    // SAFETY: the SQL declaration gives these three arguments these types (regclass, jsonb,
+    // name); a NULL comes back as None.
     let (target, row, version) =
         unsafe { (pg_getarg::<pg_sys::Oid>(fcinfo, 0), pg_getarg_datum(fcinfo, 1), pg_getarg::<&CStr>(fcinfo, 2)) };
     finish(name_arg(version).and_then(|v| versioned_upsert(target, row, v)))
