@@ -173,25 +173,27 @@ pub unsafe fn integer(numeric: pg_sys::Numeric) -> Option<i64> {
     i64::try_from(if negative { -magnitude } else { magnitude }).ok()
 }
 
+/// A jsonb datum parsed from text, living in the current memory context: for tests that read
+/// members the way the extension's functions read their arguments.
+#[cfg(any(test, feature = "pg_test"))]
+pub fn jsonb(text: &str) -> pg_sys::Datum {
+    let text = std::ffi::CString::new(text).unwrap();
+    // SAFETY: jsonb_in reads the NUL-terminated text, alive for the call.
+    unsafe {
+        pg_sys::OidInputFunctionCall(
+            pg_sys::Oid::from(pg_sys::F_JSONB_IN),
+            text.as_ptr().cast_mut(),
+            pg_sys::InvalidOid,
+            -1,
+        )
+    }
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {
     use super::*;
     use pgrx::prelude::*;
-
-    /// A jsonb datum parsed from text, living in the current memory context.
-    fn jsonb(text: &str) -> pg_sys::Datum {
-        let text = std::ffi::CString::new(text).unwrap();
-        // SAFETY: jsonb_in reads the NUL-terminated text, alive for the call.
-        unsafe {
-            pg_sys::OidInputFunctionCall(
-                pg_sys::Oid::from(pg_sys::F_JSONB_IN),
-                text.as_ptr().cast_mut(),
-                pg_sys::InvalidOid,
-                -1,
-            )
-        }
-    }
 
     /// A member as "name=type:value", the value as jsonb_each's `value #>> '{}'` shows it.
     fn describe(member: &Member<'_>) -> String {

@@ -500,23 +500,11 @@ unsafe fn equality(
 #[pgrx::pg_schema]
 mod tests {
     use super::*;
-    use crate::jsonb::object_members;
+    use crate::jsonb::{jsonb, object_members};
     use pgrx::prelude::*;
 
     /// Whether a versioned update of `table` with this key and these changes goes direct.
     fn is_direct(table: &str, key: &str, changes: &str) -> bool {
-        let jsonb = |text: &str| {
-            let text = std::ffi::CString::new(text).unwrap();
-            // SAFETY: jsonb_in reads the NUL-terminated text, alive for the call.
-            unsafe {
-                pg_sys::OidInputFunctionCall(
-                    pg_sys::Oid::from(pg_sys::F_JSONB_IN),
-                    text.as_ptr().cast_mut(),
-                    pg_sys::InvalidOid,
-                    -1,
-                )
-            }
-        };
         let oid = Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{table}'::regclass::oid")).unwrap().unwrap();
         // SAFETY: jsonb datums of the current memory context, and a table that exists, opened
         // and closed here.
