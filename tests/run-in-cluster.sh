@@ -38,10 +38,13 @@ both_ways() {  # both_ways NAME TITLE OUTDIR COMMAND...
     suite "$name" "$title, again with idempotency.direct_writes = off" regress_into "$out-statements" "$@"
 }
 
-both_ways regress "pg_regress: pg_test/sql -> pg_test/expected" "$RESULTS_DIR/regress" \
-  "$PGXS_TEST/regress/pg_regress" --inputdir=pg_test --dbname=idempotency_regress $REGRESS_TESTS
+# The two suites' commands, also run by the upgraded pass below; the test lists split on purpose.
+regress=("$PGXS_TEST/regress/pg_regress" --inputdir=pg_test --dbname=idempotency_regress $REGRESS_TESTS)
+isolation=("$PGXS_TEST/isolation/pg_isolation_regress" --inputdir=pg_test/isolation --dbname=idempotency_isolation
+           $ISOLATION_TESTS)
+both_ways regress "pg_regress: pg_test/sql -> pg_test/expected" "$RESULTS_DIR/regress" "${regress[@]}"
 both_ways isolation "isolation: concurrent sessions, pg_test/isolation/specs -> expected" "$RESULTS_DIR/isolation" \
-  "$PGXS_TEST/isolation/pg_isolation_regress" --inputdir=pg_test/isolation --dbname=idempotency_isolation $ISOLATION_TESTS
+  "${isolation[@]}"
 
 suite client "client-driven tests (several real connections)" \
   cargo test -p idempotency-client-tests -- --test-threads=1
@@ -56,10 +59,8 @@ suite upgrade "ALTER EXTENSION UPDATE from every release keeps every stored key"
 upgraded_pass() {
   UPGRADE_ONLY_PATH=1 bash tests/upgrade.sh
   trap 'UPGRADE_RESTORE=1 bash tests/upgrade.sh' EXIT
-  regress_into "$RESULTS_DIR/regress-upgraded" \
-    "$PGXS_TEST/regress/pg_regress" --inputdir=pg_test --dbname=idempotency_regress $REGRESS_TESTS
-  regress_into "$RESULTS_DIR/isolation-upgraded" \
-    "$PGXS_TEST/isolation/pg_isolation_regress" --inputdir=pg_test/isolation --dbname=idempotency_isolation $ISOLATION_TESTS
+  regress_into "$RESULTS_DIR/regress-upgraded" "${regress[@]}"
+  regress_into "$RESULTS_DIR/isolation-upgraded" "${isolation[@]}"
   cargo run -q --release -p idempotency-differential -- --seed 2 --cases 100
   UPGRADE_RESTORE=1 bash tests/upgrade.sh
   trap - EXIT
