@@ -113,9 +113,11 @@ bench: install
 	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off -o autovacuum=off bash bench/run.sh; fi
 else
 # Against a server of our own, started with initdb and pg_ctl (pg_virtualenv knows only
-# packaged servers); the extension is built and installed into its prefix on the way.
+# packaged servers); the extension is built and installed into its prefix on the way. It is
+# reached over TCP to localhost, as pg_virtualenv's is, so that the versions compare.
 bench: deps
-	env SERVER_OPTIONS="-c synchronous_commit=off -c autovacuum=off" bash tests/own-server.sh $(PG_MAJOR) bash bench/run.sh
+	env SERVER_OPTIONS="-c synchronous_commit=off -c autovacuum=off -c listen_addresses=localhost" \
+	  bash tests/own-server.sh $(PG_MAJOR) env PGHOST=localhost bash bench/run.sh
 endif
 
 # The differential tester (tests/differential) for ten minutes from a random seed, which it

@@ -4,9 +4,9 @@
 # Run by `make bench`:
 #   - with $DATABASE_URL set: against that server (needs a role that may CREATE DATABASE and
 #     CREATE EXTENSION idempotency, i.e. a superuser);
-#   - otherwise inside Debian's throwaway cluster:
-#       pg_virtualenv -v 15 -o shared_preload_libraries=pg_cron -o synchronous_commit=off -o autovacuum=off bash bench/run.sh
-#     which sets PGHOST/PGPORT/PGUSER/PGPASSWORD, so plain psql/pgbench connect.
+#   - otherwise in a throwaway cluster reached over TCP to localhost: pg_virtualenv's for the
+#     system's 15, tests/own-server.sh's for PG_MAJOR=18 (see the Makefile); either sets
+#     PGHOST/PGPORT/PGUSER, so plain psql/pgbench connect.
 #
 # Settings (environment):
 #   BENCH_SECONDS  seconds of each mixed pgbench run     (default 5)
@@ -80,9 +80,15 @@ echo "== idempotency benchmark =="
 SETTINGS_ENV="BENCH_SECONDS=$BENCH_SECONDS BENCH_ROUNDS=$BENCH_ROUNDS PURGE_ROUNDS=$PURGE_ROUNDS BENCH_CLIENTS=$BENCH_CLIENTS BENCH_KEYS=$BENCH_KEYS PURGE_KEYS=$PURGE_KEYS PURGE_SECONDS=$PURGE_SECONDS"
 echo "invoked as:        $SETTINGS_ENV $0 $*"
 echo "mode:              $MODE"
+# The transport weighs on the ratios: a claim answers with a row, the hand INSERT with its
+# command tag only, and the row costs more over TCP than over a Unix socket. `make bench`
+# connects over TCP to localhost on every version, as pg_virtualenv does.
+case ${PGHOST:-} in
+  /*|'') echo "connection:        Unix socket ${PGHOST:-in the default directory}" ;;
+  *)     echo "connection:        TCP to $PGHOST" ;;
+esac
 if [ -z "${DATABASE_URL:-}" ]; then
-  echo "reproduce with:    $SETTINGS_ENV make bench"
-  echo "                   (= $SETTINGS_ENV pg_virtualenv -v 15 -o shared_preload_libraries=pg_cron -o synchronous_commit=off -o autovacuum=off bash bench/run.sh)"
+  echo "reproduce with:    $SETTINGS_ENV make bench PG_MAJOR=$(( $(scalar 'SHOW server_version_num') / 10000 ))"
 else
   echo "reproduce with:    $SETTINGS_ENV DATABASE_URL=... make bench"
 fi
@@ -97,7 +103,7 @@ echo "max_wal_size:      $(scalar 'SHOW max_wal_size')"
 echo "shared_buffers:    $(scalar 'SHOW shared_buffers')"
 echo "clients/threads:   $BENCH_CLIENTS"
 echo "seconds per round: $BENCH_SECONDS"
-echo "rounds:            $BENCH_ROUNDS, each of a mixed claims run (hand, ext, plpgsql), a single-claim and a"
+echo "rounds:            $BENCH_ROUNDS, each of a mixed claims run (hand, ext, plpgsql, hand RETURNING), a single-claim and a"
 echo "                   batch run, and a mixed versioned-update run (hand, ext); a mixed run interleaves its"
 echo "                   contenders transaction by transaction and a ratio compares their mean latencies in"
 echo "                   it; the summary takes the median of the rounds' ratios"
@@ -115,7 +121,7 @@ echo
 # on one core would only measure how it slows the other core's short transactions); it is
 # compared by keys/s with a run of single claims just before it.
 declare -A RUN=(
-  [claims]="claim_hand.sql claim_ext.sql claim_plpgsql.sql"
+  [claims]="claim_hand.sql claim_ext.sql claim_plpgsql.sql claim_hand_returning.sql"
   [versioned]="vupdate_hand.sql vupdate_ext.sql"
 )
 RUNS=(claims batch versioned)
@@ -216,7 +222,8 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
       claims)
         RATIOS[claim]+=" $(ratio "${mean[claim_hand]}" "${mean[claim_ext]}")"
         RATIOS[plpgsql]+=" $(ratio "${mean[claim_plpgsql]}" "${mean[claim_ext]}")"
-        line+=$(printf '  hand %.1f ext %.1f plpgsql %.1f |' "${mean[claim_hand]}" "${mean[claim_ext]}" "${mean[claim_plpgsql]}") ;;
+        RATIOS[returning]+=" $(ratio "${mean[claim_hand_returning]}" "${mean[claim_ext]}")"
+        line+=$(printf '  hand %.1f ext %.1f plpgsql %.1f returning %.1f |' "${mean[claim_hand]}" "${mean[claim_ext]}" "${mean[claim_plpgsql]}" "${mean[claim_hand_returning]}") ;;
       versioned)
         RATIOS[vupdate]+=" $(ratio "${mean[vupdate_hand]}" "${mean[vupdate_ext]}")"
         line+=$(printf '  vupdate_hand %.1f vupdate_ext %.1f' "${mean[vupdate_hand]}" "${mean[vupdate_ext]}") ;;
@@ -232,10 +239,11 @@ for key in "${!LAT[@]}"; do MED[$key]=$(echo "${LAT[$key]}" | median); done
 MED[single]=$(echo "$SINGLE_TPS" | median)
 MED[many]=$(echo "$MANY_TPS" | median)
 echo "ratios within each run (the summary judges their median):"
-for m in claim plpgsql many vupdate; do RATIO[$m]=$(echo "${RATIOS[$m]}" | median); done
+for m in claim plpgsql returning many vupdate; do RATIO[$m]=$(echo "${RATIOS[$m]}" | median); done
 printf '  %-44s per round:%s   median %.3f\n' \
   "idem_claim vs hand INSERT (hand/ext µs):" "${RATIOS[claim]}" "${RATIO[claim]}" \
   "idem_claim vs plpgsql claim (plpgsql/ext µs):" "${RATIOS[plpgsql]}" "${RATIO[plpgsql]}" \
+  "idem_claim vs hand INSERT … RETURNING:" "${RATIOS[returning]}" "${RATIO[returning]}" \
   "idem_claim_many keys/s / idem_claim keys/s (tps):" "${RATIOS[many]}" "${RATIO[many]}" \
   "idem_versioned_update vs hand UPDATE:" "${RATIOS[vupdate]}" "${RATIO[vupdate]}"
 echo
@@ -324,6 +332,7 @@ echo
 # --- summary -----------------------------------------------------------------------------
 echo "== summary ($BENCH_ROUNDS rounds x ${BENCH_SECONDS}s, $BENCH_CLIENTS clients; latency: median of the rounds' means; ratio: median of the rounds' ratios) =="
 awk -v ext="${MED[claims:claim_ext]}" -v hand="${MED[claims:claim_hand]}" -v plp="${MED[claims:claim_plpgsql]}" \
+    -v ret="${MED[claims:claim_hand_returning]}" -v rr="${RATIO[returning]}" \
     -v single="${MED[single]}" -v many="${MED[many]}" \
     -v vext="${MED[versioned:vupdate_ext]}" -v vhand="${MED[versioned:vupdate_hand]}" \
     -v r="${RATIO[claim]}" -v rp="${RATIO[plpgsql]}" -v x="${RATIO[many]}" -v vr="${RATIO[vupdate]}" -v pr="${RATIO[purge]}" \
@@ -334,6 +343,7 @@ BEGIN {
   printf "%-26s %12s %7s   %s\n", "contender", "latency µs", "ratio", "target (ratio = hand µs / extension µs, same run)"
   printf "%-26s %12.1f %7.2f   %-42s %s\n", "idem_claim", ext, r, ">= 1.00 x hand INSERT ON CONFLICT", verdict(r >= 1.0)
   printf "%-26s %12.1f %7.2f\n", "hand INSERT ON CONFLICT", hand, 1.0
+  printf "%-26s %12.1f %7.2f   %s\n", "hand INSERT … RETURNING", ret, hand / ret, sprintf("idem_claim vs it = %.2f (informational: a row costs what a tag does not)", rr)
   printf "%-26s %12.1f %7.2f   %-42s %s\n", "plpgsql claim", plp, hand / plp, sprintf("idem_claim vs plpgsql = %.2f >= 1.00", rp), verdict(rp >= 1.0)
   printf "%-26s %8.0f tps   %.0f keys/s, %.2f x single idem_claim keys/s (%.0f tps)   target >= 10   %s\n", \
          "idem_claim_many (" batch ")", many, many * batch, x, single, verdict(x >= 10)
