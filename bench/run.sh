@@ -82,10 +82,10 @@ echo "invoked as:        $SETTINGS_ENV $0 $*"
 echo "mode:              $MODE"
 # The transport weighs on the ratios: a claim answers with a row, the hand INSERT with its
 # command tag only, and the row costs more over TCP than over a Unix socket. `make bench`
-# connects over TCP to localhost on every version, as pg_virtualenv does.
+# connects over TCP to localhost without TLS on every version.
 case ${PGHOST:-} in
   /*|'') echo "connection:        Unix socket ${PGHOST:-in the default directory}" ;;
-  *)     echo "connection:        TCP to $PGHOST" ;;
+  *)     echo "connection:        TCP to $PGHOST, TLS $(scalar 'SELECT CASE WHEN ssl THEN version ELSE $$off$$ END FROM pg_catalog.pg_stat_ssl WHERE pid = pg_catalog.pg_backend_pid()')" ;;
 esac
 if [ -z "${DATABASE_URL:-}" ]; then
   echo "reproduce with:    $SETTINGS_ENV make bench PG_MAJOR=$(( $(scalar 'SHOW server_version_num') / 10000 ))"
