@@ -28,6 +28,16 @@ if [[ "${UPGRADE_RESTORE:-}" == 1 ]]; then
     mv "$ext_dir/idempotency--$current.sql.aside" "$ext_dir/idempotency--$current.sql"
   exit 0
 fi
+# Once the version this tree builds is released, its SQL is frozen too: any change to a SQL
+# object needs the next version and an upgrade script to it.
+if grep -qx "$current" <<<"$released" &&
+   ! cmp -s "$ext_dir/idempotency--$current.sql" "sql/released/idempotency--$current.sql"; then
+  echo "upgrade: the SQL this tree builds for $current differs from the released script"
+  echo "  (sql/released/idempotency--$current.sql); bump the version in Cargo.toml and write"
+  echo "  sql/idempotency--$current--<next>.sql instead:"
+  diff "sql/released/idempotency--$current.sql" "$ext_dir/idempotency--$current.sql" | head -40
+  exit 1
+fi
 install_frozen
 if [[ "${UPGRADE_ONLY_PATH:-}" == 1 ]]; then
   mv "$ext_dir/idempotency--$current.sql" "$ext_dir/idempotency--$current.sql.aside"
