@@ -302,6 +302,22 @@ pub unsafe fn insert_index_tuples(
     ExecInsertIndexTuples(rri, slot, estate, update, no_dup_err, spec_conflict, arbiters, only_summarizing)
 }
 
+/// Whether a table has generated columns, whose values only the executor computes: stored
+/// ones on every version, and from 18 virtual ones too, which a statement may only set to
+/// DEFAULT (428C9) and which are computed when read.
+///
+/// # Safety
+/// `constr` must be null or a tuple descriptor's constraints.
+pub unsafe fn has_generated_columns(constr: *const pg_sys::TupleConstr) -> bool {
+    if constr.is_null() {
+        return false;
+    }
+    #[cfg(not(feature = "pg18"))]
+    return (*constr).has_generated_stored;
+    #[cfg(feature = "pg18")]
+    return (*constr).has_generated_stored || (*constr).has_generated_virtual;
+}
+
 /// The columns of a tuple descriptor, dropped ones included, in attnum order.
 ///
 /// # Safety

@@ -105,7 +105,10 @@ pub unsafe fn is_plain(rel: pg_sys::Relation) -> bool {
         && !class.relrowsecurity
         && (*rel).trigdesc.is_null()
         && (*rel).rd_rules.is_null()
-        && (constr.is_null() || !(*constr).has_generated_stored)
+        && !version::has_generated_columns(constr)
+        // The executor updates a catalog's rows under the tuple lock that in-place updates
+        // (VACUUM's, for one) take too (ri_needLockTagTuple); the statement keeps it.
+        && !pg_sys::IsCatalogRelation(rel)
 }
 
 /// The columns of `rel`, dropped ones included, in attnum order.

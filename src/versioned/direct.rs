@@ -554,4 +554,45 @@ mod tests {
         assert!(!is_direct("plain", r#"{"id": 1}"#, r#"{"doc": {}, "version": 1}"#), "direct writes off");
         Spi::run("RESET idempotency.direct_writes").unwrap();
     }
+
+    /// Whether writes to `table` may skip the executor at all.
+    fn is_plain_table(table: &str) -> bool {
+        let oid = Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{table}'::regclass::oid")).unwrap().unwrap();
+        // SAFETY: a table that exists, opened and closed here.
+        unsafe {
+            let rel = pg_sys::table_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            let plain = crate::postgres::write::is_plain(rel);
+            pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            plain
+        }
+    }
+
+    #[pg_test]
+    fn system_catalogs_keep_the_statement() {
+        Spi::run("CREATE TABLE ordinary (id int PRIMARY KEY, version int)").unwrap();
+        assert!(is_plain_table("ordinary"));
+        assert!(!is_plain_table("pg_catalog.pg_database"), "in-place updates lock a catalog's tuples");
+        assert!(!is_plain_table("pg_catalog.pg_class"));
+    }
+
+    /// 18's virtual generated columns: computed when read, settable only to DEFAULT. A direct
+    /// write would store the given value where 18 stores NULL, and succeed where the statement
+    /// raises 428C9.
+    #[cfg(feature = "pg18")]
+    #[pg_test(error = "column \"y\" can only be updated to DEFAULT")]
+    fn virtual_generated_columns_keep_the_statement() {
+        Spi::run(
+            "CREATE TABLE virt (id int PRIMARY KEY, x int, y int GENERATED ALWAYS AS (x * 2) VIRTUAL, version int);
+             INSERT INTO virt (id, x, version) VALUES (1, 1, 1);",
+        )
+        .unwrap();
+        assert!(!is_plain_table("virt"));
+        assert!(!is_direct("virt", r#"{"id": 1}"#, r#"{"x": 2, "version": 2}"#));
+        assert_eq!(
+            Spi::get_one::<bool>(r#"SELECT idem_versioned_update('virt', '{"id": 1}', '{"x": 5, "version": 3}')"#),
+            Ok(Some(true))
+        );
+        assert_eq!(Spi::get_one::<i32>("SELECT y FROM virt WHERE id = 1"), Ok(Some(10)));
+        Spi::run(r#"SELECT idem_versioned_update('virt', '{"id": 1}', '{"y": 5, "version": 4}')"#).unwrap();
+    }
 }
