@@ -107,8 +107,9 @@ pub unsafe fn is_plain(rel: pg_sys::Relation) -> bool {
         && (*rel).rd_rules.is_null()
         && !version::has_generated_columns(constr)
         // The executor updates a catalog's rows under the tuple lock that in-place updates
-        // (VACUUM's, for one) take too (ri_needLockTagTuple); the statement keeps it.
-        && !pg_sys::IsCatalogRelation(rel)
+        // (VACUUM's, for one) take too (ri_needLockTagTuple); the statement keeps it. Unguarded,
+        // as every claim asks: it compares the OID and raises nothing.
+        && !ffi::IsCatalogRelation(rel)
 }
 
 /// The columns of `rel`, dropped ones included, in attnum order.

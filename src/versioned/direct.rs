@@ -503,19 +503,28 @@ mod tests {
     use crate::jsonb::{jsonb, object_members};
     use pgrx::prelude::*;
 
+    /// `look` at `table`, opened for the call.
+    fn with_table<R>(table: &str, look: impl FnOnce(pg_sys::Relation) -> R) -> R {
+        let oid = Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{table}'::regclass::oid")).unwrap().unwrap();
+        // SAFETY: a table that exists, opened and closed here around the call.
+        unsafe {
+            let rel = pg_sys::table_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            let seen = look(rel);
+            pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            seen
+        }
+    }
+
     /// Whether a versioned update of `table` with this key and these changes goes direct.
     fn is_direct(table: &str, key: &str, changes: &str) -> bool {
-        let oid = Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{table}'::regclass::oid")).unwrap().unwrap();
-        // SAFETY: jsonb datums of the current memory context, and a table that exists, opened
-        // and closed here.
-        unsafe {
-            let key = object_members(jsonb(key), "key").unwrap();
-            let changes = object_members(jsonb(changes), "changes").unwrap();
-            let rel = pg_sys::table_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            let direct = DirectUpdate::plan(rel, &key, &changes, "version", &[]).is_some();
-            pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            direct
-        }
+        with_table(table, |rel| {
+            // SAFETY: jsonb datums of the current memory context, and a table open for the call.
+            unsafe {
+                let key = object_members(jsonb(key), "key").unwrap();
+                let changes = object_members(jsonb(changes), "changes").unwrap();
+                DirectUpdate::plan(rel, &key, &changes, "version", &[]).is_some()
+            }
+        })
     }
 
     #[pg_test]
@@ -557,14 +566,8 @@ mod tests {
 
     /// Whether writes to `table` may skip the executor at all.
     fn is_plain_table(table: &str) -> bool {
-        let oid = Spi::get_one::<pg_sys::Oid>(&format!("SELECT '{table}'::regclass::oid")).unwrap().unwrap();
-        // SAFETY: a table that exists, opened and closed here.
-        unsafe {
-            let rel = pg_sys::table_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            let plain = crate::postgres::write::is_plain(rel);
-            pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            plain
-        }
+        // SAFETY: a table open for the call.
+        with_table(table, |rel| unsafe { crate::postgres::write::is_plain(rel) })
     }
 
     #[pg_test]
