@@ -68,6 +68,24 @@ SQL
 [ "$(nested top)" = 0 ] || fail "with track = top the claims were expected to write directly, unseen"
 [ "$(nested all)" = 3 ] || fail "with track = all pg_stat_statements did not see the claims' INSERT: $(nested all)"
 echo "executor hooks: pg_stat_statements.track = all sees every claim's INSERT"
+# The setting is read on every claim: switched back and forth in one session, and inside a
+# transaction with SET LOCAL, each claim follows the value in force.
+switched=$(run <<'SQL' | tail -1
+SELECT pg_stat_statements_reset();
+SET pg_stat_statements.track = 'all';
+SELECT idem_claim('switched-1-' || pg_backend_pid());
+SET pg_stat_statements.track = 'top';
+SELECT idem_claim('switched-2-' || pg_backend_pid());
+BEGIN;
+SET LOCAL pg_stat_statements.track = 'all';
+SELECT idem_claim('switched-3-' || pg_backend_pid());
+COMMIT;
+SELECT idem_claim('switched-4-' || pg_backend_pid());
+SELECT coalesce(sum(calls), 0) FROM pg_stat_statements
+WHERE query LIKE 'INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES%';
+SQL
+)
+[ "$switched" = 2 ] || fail "pg_stat_statements.track switched in one session: expected 2 tracked INSERTs, saw $switched"
 
 explained() {  # explained SETTINGS: the auto_explain plans logged for one claim
   run <<SQL | grep -c 'Insert on ledger' || true
@@ -84,5 +102,18 @@ SQL
   || fail "auto_explain switched off was not expected to see the claim's INSERT"
 [ "$(explained "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;")" = 1 ] \
   || fail "auto_explain logging nested statements did not see the claim's INSERT"
+# Loaded in the middle of a session that has already claimed: the settings SET before the
+# LOAD were placeholders, which no hook reads; once it is loaded the next claim is logged.
+late=$(run <<'SQL' | grep -c 'Insert on ledger' || true
+SET auto_explain.log_min_duration = 0;
+SET auto_explain.log_nested_statements = on;
+SELECT idem_claim('before-load-' || pg_backend_pid());
+LOAD 'auto_explain';
+SET auto_explain.log_level = notice;
+SET client_min_messages = notice;
+SELECT idem_claim('after-load-' || pg_backend_pid());
+SQL
+)
+[ "$late" = 1 ] || fail "auto_explain loaded after a claim did not see the next claim's INSERT (logged $late plans)"
 echo "executor hooks: auto_explain with log_nested_statements sees the claim's INSERT"
 psql -qX -d postgres -c "DROP DATABASE idem_hooks" -c "DROP ROLE auditor"

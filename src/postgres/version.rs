@@ -6,7 +6,8 @@
 //!   ([`RangeTable`]); ExecCheckRTPerms became ExecCheckPermissions; pg_namespace_aclcheck
 //!   became object_aclcheck ([`namespace_aclcheck`]); table_tuple_update answers which indexes
 //!   need entries as TU_UpdateIndexes rather than a bool, and ExecInsertIndexTuples takes
-//!   `onlySummarizing` ([`UpdateIndexes`], [`insert_index_tuples`]).
+//!   `onlySummarizing` ([`UpdateIndexes`], [`insert_index_tuples`]); guc.c exports its lookup of
+//!   a setting by name, find_option ([`find_setting`]).
 //! - 17: CheckValidResultRel takes the MERGE actions ([`check_valid_result_rel`]).
 //! - 18: CheckValidResultRel also takes the ON CONFLICT action; ExecInitRangeTable takes the
 //!   set of unpruned relations; ExecCheckIndexConstraints takes the TID of the row being
@@ -16,6 +17,7 @@
 //! Only 15 and 18 are built and tested here; 16 and 17 follow the headers of pgrx-pg-sys's
 //! bindings for them, so supporting them means building, not rewriting.
 
+use std::ffi::CStr;
 use std::ptr;
 
 use pgrx::pg_sys;
@@ -332,5 +334,26 @@ pub unsafe fn attributes<'a>(desc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_p
     {
         let first = (*desc).compact_attrs.as_ptr().add(natts).cast::<pg_sys::FormData_pg_attribute>();
         std::slice::from_raw_parts(first, natts)
+    }
+}
+
+/// The definition of the setting `name` (case-insensitive, as SHOW finds it), a placeholder
+/// included; null when there is none.
+///
+/// # Safety
+/// Reads guc.c's tables, which only the backend's own thread changes.
+pub unsafe fn find_setting(name: &CStr) -> *mut pg_sys::config_generic {
+    // 15 keeps no exported lookup by name: its sorted array is searched here.
+    #[cfg(feature = "pg15")]
+    {
+        let all = std::slice::from_raw_parts(pg_sys::get_guc_variables(), pg_sys::GetNumConfigOptions() as usize);
+        all.iter()
+            .copied()
+            .find(|&conf| CStr::from_ptr((*conf).name).to_bytes().eq_ignore_ascii_case(name.to_bytes()))
+            .unwrap_or(ptr::null_mut())
+    }
+    #[cfg(not(feature = "pg15"))]
+    {
+        pg_sys::find_option(name.as_ptr(), false, true, pg_sys::ERROR as i32)
     }
 }

@@ -23,6 +23,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
+use super::settings::Setting;
 use super::version::{self, RangeTable};
 use super::{catch, ffi, PgError};
 use crate::error::{IdemError, SqlState};
@@ -53,38 +54,33 @@ pub fn define_settings() {
 /// paths. The rule reads settings, not whether a hook is set, because pgaudit and
 /// pg_stat_statements set their hooks whenever they are loaded.
 pub fn direct_allowed() -> bool {
+    thread_local! {
+        static TRACK: Setting = const { Setting::new(c"pg_stat_statements.track") };
+        static NESTED: Setting = const { Setting::new(c"auto_explain.log_nested_statements") };
+        static MIN_DURATION: Setting = const { Setting::new(c"auto_explain.log_min_duration") };
+        static AUDIT: Setting = const { Setting::new(c"pgaudit.log") };
+    }
     DIRECT_WRITES.get()
-        && !setting_is(c"pg_stat_statements.track", c"all")
-        && !auto_explain_logs_nested()
-        && !setting(c"pgaudit.log").is_some_and(|classes| audits_writes(&classes.to_string_lossy()))
+        && TRACK.with(|s| s.label() != Some(c"all"))
+        // auto_explain logs a nested statement when it logs nested ones at all and its
+        // minimum duration (in ms; -1 switches it off) is not negative.
+        && !(NESTED.with(Setting::boolean) == Some(true) && MIN_DURATION.with(Setting::integer).is_some_and(|ms| ms >= 0))
+        && !AUDIT.with(|s| s.string().is_some_and(|classes| audits_writes(classes.to_bytes())))
 }
 
 /// Whether a pgaudit.log value ("write, ddl", "all, -misc") includes the WRITE class: the
-/// classes are read left to right, "all" adds every class and "-class" removes one.
-fn audits_writes(classes: &str) -> bool {
-    classes.split(',').map(|c| c.trim().to_ascii_lowercase()).fold(false, |writes, class| match class.as_str() {
-        "all" | "write" => true,
-        "-all" | "-write" => false,
-        _ => writes,
+/// classes are read left to right, case-insensitively; "all" adds every class and "-class"
+/// removes one.
+fn audits_writes(classes: &[u8]) -> bool {
+    classes.split(|&b| b == b',').map(<[u8]>::trim_ascii).fold(false, |writes, class| {
+        if class.eq_ignore_ascii_case(b"all") || class.eq_ignore_ascii_case(b"write") {
+            true
+        } else if class.eq_ignore_ascii_case(b"-all") || class.eq_ignore_ascii_case(b"-write") {
+            false
+        } else {
+            writes
+        }
     })
-}
-
-fn auto_explain_logs_nested() -> bool {
-    setting_is(c"auto_explain.log_nested_statements", c"on")
-        && setting(c"auto_explain.log_min_duration").is_some_and(|v| !v.to_bytes().starts_with(b"-"))
-}
-
-fn setting(name: &CStr) -> Option<&'static CStr> {
-    // SAFETY: GetConfigOption with missing_ok returns NULL for an unknown setting, or a string
-    // that stays valid until the setting changes, which nothing between here and the use does.
-    unsafe {
-        let value = pg_sys::GetConfigOption(name.as_ptr(), true, false);
-        (!value.is_null()).then(|| CStr::from_ptr(value))
-    }
-}
-
-fn setting_is(name: &CStr, wanted: &CStr) -> bool {
-    setting(name) == Some(wanted)
 }
 
 /// Whether a write to `rel` may bypass the executor: direct writes are allowed, and it is a
