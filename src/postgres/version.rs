@@ -354,6 +354,6 @@ pub unsafe fn find_setting(name: &CStr) -> *mut pg_sys::config_generic {
     }
     #[cfg(not(feature = "pg15"))]
     {
-        pg_sys::find_option(name.as_ptr(), false, true, pg_sys::ERROR as i32)
+        pg_sys::find_option(name.as_ptr(), false, true, pgrx::PgLogLevel::ERROR as i32)
     }
 }
