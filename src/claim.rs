@@ -304,6 +304,7 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
         if let Some(sent_at) = sent_at {
             check_late_replay(&scope, sent_at)?;
         }
+        crate::outbox::claimed(digest);
         let claimed_at = want_replay.then(transaction_start);
         return Ok(Claim { claimed: true, claimed_at, result: None });
     }

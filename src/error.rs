@@ -33,11 +33,15 @@ pub enum SqlState {
     DatatypeMismatch,
     /// 42809: the target is not a table (a view, a sequence, …).
     WrongObjectType,
-    /// ID001: the key was claimed before with a different payload.
+    /// 25P01: a relay's call outside a transaction block, where its locks would not last.
+    NoActiveTransaction,
+    /// ID001: the key was claimed before with a different payload, or a message id was sent
+    /// before with another message.
     PayloadMismatch,
     /// ID002: the payload has no value at a path that makes up its key.
     KeyMissingFromPayload,
-    /// ID003: a result was stored for a key that has no claim.
+    /// ID003: a result was stored for a key that has no claim, or a message sent without a
+    /// claim to derive its id from.
     NotClaimed,
     /// ID004: a new claim for a message older than its scope's retention: its record may
     /// already have been purged, so it may be a duplicate that can no longer be recognised.
@@ -50,6 +54,7 @@ impl SqlState {
             SqlState::NullValueNotAllowed => b"22004",
             SqlState::InvalidParameterValue => b"22023",
             SqlState::LockNotAvailable => b"55P03",
+            SqlState::NoActiveTransaction => b"25P01",
             SqlState::UndefinedColumn => b"42703",
             SqlState::InvalidColumnReference => b"42P10",
             SqlState::UndefinedFunction => b"42883",

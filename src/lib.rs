@@ -9,6 +9,7 @@ mod digest;
 mod error;
 mod jsonb;
 mod keys;
+mod outbox;
 mod postgres;
 mod retention;
 mod versioned;
@@ -17,12 +18,16 @@ mod versioned;
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 extension_sql_file!("../sql/api.sql", name = "api");
-extension_sql_file!("../sql/retention.sql", name = "retention", finalize);
+extension_sql_file!("../sql/retention.sql", name = "retention", requires = ["api"]);
+// Each release's upgrade script after 0.2.0 is also the tail of a fresh install's script, so
+// that what it creates is defined once.
+extension_sql_file!("../sql/idempotency--0.2.0--0.3.0.sql", name = "outbox", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     retention::define_settings();
     postgres::write::define_settings();
+    outbox::init();
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! - [`settings`]: other extensions' settings, read without a lookup by name per call.
 //! - [`version`]: every difference between the PostgreSQL majors, and only those.
 //! - [`spi`]: statements prepared once per backend and run through SPI.
+//! - [`xact`]: values and locks that last as long as the current transaction.
 //! - [`write`]: one row written through the table and index access methods, in the
 //!   executor's own steps, for tables proven plain enough ([`write::is_plain`]).
 
@@ -19,6 +20,7 @@ mod settings;
 pub mod spi;
 mod version;
 pub mod write;
+pub mod xact;
 
 pub use guard::{catch, PgError};
 pub use version::attributes as descriptor_attributes;

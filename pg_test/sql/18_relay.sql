@@ -1,0 +1,83 @@
+-- Relays: each takes a batch inside a transaction, publishes it, marks every message sent
+-- or failed, and commits. What a relay holds is locked until then; what it does not mark
+-- stays pending.
+
+-- Three steps of three orders, each order's steps under its ordering key, and two messages
+-- without a key.
+SELECT count(*) FROM (
+  SELECT idem_send('orders', jsonb_build_object('order', o, 'step', s), ordering_key => 'order-' || o,
+                   key => format('order-%s-step-%s', o, s))
+  FROM generate_series(1, 3) AS s, generate_series(1, 3) AS o
+  ORDER BY s, o) AS sent;
+SELECT idem_send('audit', jsonb_build_object('n', n), key => 'audit-' || n) IS NOT NULL AS sent
+FROM generate_series(1, 2) AS n;
+
+-- Outside a transaction block a relay's locks would end with the statement: 25P01.
+\set VERBOSITY sqlstate
+SELECT * FROM idem_outbox_take();
+SELECT idem_outbox_sent(ARRAY[]::uuid[]);
+SELECT idem_outbox_failed(gen_random_uuid(), 'x');
+\set VERBOSITY default
+
+-- A batch lists each key's messages in the order they were sent (their transactions'
+-- commit order), and the keyless ones.
+BEGIN;
+SELECT topic, ordering_key, payload->>'step' AS step FROM idem_outbox_take(100);
+ROLLBACK;
+
+-- A small batch takes the oldest of the keys' heads and the keyless messages, and then the
+-- messages behind the heads it took, as far as it has room.
+BEGIN;
+SELECT ordering_key, payload->>'step' AS step FROM idem_outbox_take(4);
+ROLLBACK;
+BEGIN;
+SELECT ordering_key, payload->>'step' AS step FROM idem_outbox_take(6);
+ROLLBACK;
+
+-- Step 1 of order-1 is published; step 2 fails. The failure holds back order-1 (step 3 is not
+-- handed out) until its retry time; the other keys go on.
+BEGIN;
+SELECT idem_outbox_sent(ARRAY[idem_message_id('order-1-step-1', 'default', 0)]) AS marked;
+SELECT idem_outbox_failed(idem_message_id('order-1-step-2', 'default', 0), 'NACK: queue full', '1 hour') AS outcome;
+COMMIT;
+BEGIN;
+SELECT ordering_key, payload->>'step' AS step FROM idem_outbox_take(100) WHERE ordering_key IS NOT NULL;
+ROLLBACK;
+SELECT topic, pending, failed, set_aside, sent_last_minute FROM idempotency.outbox_status ORDER BY topic;
+
+-- A key's messages are marked sent in order, or not at all: 55000 names the earlier one.
+BEGIN;
+SELECT sqlstate_of($$SELECT idem_outbox_sent(ARRAY[idem_message_id('order-2-step-2', 'default', 0)])$$) ~ '^55000' AS refused;
+SELECT idem_outbox_sent(ARRAY[idem_message_id('order-2-step-2', 'default', 0), idem_message_id('order-2-step-1', 'default', 0)]) AS marked;
+-- Marking again changes nothing.
+SELECT idem_outbox_sent(ARRAY[idem_message_id('order-2-step-1', 'default', 0)]) AS marked_again;
+COMMIT;
+
+-- Due again, the failed step comes back first; after max_attempts it is set aside, with its
+-- reason, and no longer holds its key back.
+UPDATE idempotency.outbox SET retry_at = now() WHERE id = idem_message_id('order-1-step-2', 'default', 0);
+BEGIN;
+SELECT payload->>'step' AS step, attempts FROM idem_outbox_take(100) WHERE ordering_key = 'order-1';
+SELECT idem_outbox_failed(idem_message_id('order-1-step-2', 'default', 0), 'NACK: poison', '0', max_attempts => 2) AS outcome;
+SELECT idem_outbox_failed(idem_message_id('order-1-step-2', 'default', 0), 'again', '0') AS outcome;
+COMMIT;
+SELECT ordering_key, payload->>'step' AS step, attempts, last_error FROM idempotency.outbox_set_aside;
+BEGIN;
+SELECT payload->>'step' AS step FROM idem_outbox_take(100) WHERE ordering_key = 'order-1';
+ROLLBACK;
+
+-- Requeued, it is pending again from scratch.
+SELECT idem_outbox_requeue(idem_message_id('order-1-step-2', 'default', 0)) AS requeued,
+       idem_outbox_requeue(idem_message_id('order-1-step-2', 'default', 0)) AS requeued_twice;
+SELECT attempts, retry_at, set_aside_at FROM idempotency.outbox WHERE id = idem_message_id('order-1-step-2', 'default', 0);
+
+-- Bad arguments.
+BEGIN;
+SELECT sqlstate_of($$SELECT * FROM idem_outbox_take(0)$$);
+SELECT sqlstate_of($$SELECT idem_outbox_sent(NULL)$$);
+SELECT sqlstate_of($$SELECT idem_outbox_failed(NULL, 'x')$$);
+SELECT sqlstate_of($$SELECT idem_outbox_failed(gen_random_uuid(), 'x', '-1 s')$$);
+SELECT idem_outbox_failed(gen_random_uuid(), 'unknown id') AS outcome;
+ROLLBACK;
+
+TRUNCATE idempotency.outbox;

@@ -1,0 +1,212 @@
+-- idempotency 0.2.0 -> 0.3.0: the transactional outbox (#11). Nothing stored before changes.
+--
+-- This script is also the last part of a fresh install's script (src/lib.rs), so it is the
+-- outbox's one definition: an update and a new install create the very same objects.
+
+-- Outbox messages. seq orders them: a sender takes it after the lock of its ordering key,
+-- which it holds until it commits (see idem_send), so within one ordering key seq follows
+-- commit order. A message is pending until a relay marks it sent, or it is set aside.
+CREATE SEQUENCE idempotency.outbox_seq AS pg_catalog.int8;
+CREATE TABLE idempotency.outbox (
+    seq          pg_catalog.int8        NOT NULL,
+    id           pg_catalog.uuid        NOT NULL,
+    created_at   pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    retry_at     pg_catalog.timestamptz,
+    set_aside_at pg_catalog.timestamptz,
+    sent_at      pg_catalog.timestamptz,
+    attempts     pg_catalog.int4        NOT NULL DEFAULT 0,
+    topic        pg_catalog.text        NOT NULL,
+    ordering_key pg_catalog.text,
+    payload      pg_catalog.jsonb       NOT NULL,
+    headers      pg_catalog.jsonb,
+    last_error   pg_catalog.text,
+    CONSTRAINT outbox_pkey PRIMARY KEY (id),
+    CONSTRAINT outbox_seq_key UNIQUE (seq)
+);
+-- What relays search: the pending messages, by ordering key and then in order.
+CREATE INDEX outbox_pending ON idempotency.outbox (ordering_key, seq)
+    WHERE sent_at IS NULL AND set_aside_at IS NULL;
+COMMENT ON TABLE idempotency.outbox IS
+  'Messages written by idem_send in the sender''s transaction, handed to relays by idem_outbox_take in commit order per ordering key.';
+COMMENT ON COLUMN idempotency.outbox.seq IS 'Order of the messages: within one ordering key, the order their transactions committed';
+COMMENT ON COLUMN idempotency.outbox.id IS 'Deterministic message id (UUID version 8); relays publish it as the broker''s message id';
+COMMENT ON COLUMN idempotency.outbox.retry_at IS 'A failed message is not handed out again before this time';
+COMMENT ON COLUMN idempotency.outbox.set_aside_at IS 'When the message was set aside after too many failures; it no longer holds back its ordering key';
+-- A restore must keep every pending message, and seq must go on from where it was, or new
+-- messages would sort before restored ones.
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_seq', '');
+REVOKE ALL ON TABLE idempotency.outbox FROM PUBLIC;
+REVOKE ALL ON SEQUENCE idempotency.outbox_seq FROM PUBLIC;
+
+CREATE FUNCTION idem_send(topic text, payload jsonb, headers jsonb DEFAULT NULL,
+    ordering_key text DEFAULT NULL, key text DEFAULT NULL)
+RETURNS uuid LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'idem_send_entry';
+COMMENT ON FUNCTION idem_send(text, jsonb, jsonb, text, text) IS
+  'Writes a message to the outbox in the current transaction and returns its id: the n-th message sent after the last successful idem_claim gets an id derived from that claim and n, or from key when given. Sending an id again does nothing.';
+
+CREATE FUNCTION idem_message_id(key text, scope text DEFAULT 'default', n bigint DEFAULT 1)
+RETURNS uuid LANGUAGE c IMMUTABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'idem_message_id_entry';
+COMMENT ON FUNCTION idem_message_id(text, text, bigint) IS
+  'The id idem_send gives the n-th message sent after claiming (scope, key); with n NULL, the id of idem_send(..., key => key).';
+
+-- The relays' interface. A relay calls idem_outbox_take inside a transaction, publishes what
+-- it got, marks each message sent or failed, and commits; the row locks it took keep every
+-- other relay off those messages, and off their ordering keys, until then. A relay that dies
+-- rolls back, and its messages are pending again, untouched.
+CREATE FUNCTION idempotency.require_transaction_block(what text)
+RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'require_transaction_block_entry';
+COMMENT ON FUNCTION idempotency.require_transaction_block(text) IS
+  'Raises 25P01 outside a transaction block: a relay''s locks must last until it has published.';
+
+CREATE FUNCTION idem_outbox_take(batch_size integer DEFAULT 100)
+RETURNS TABLE (id uuid, topic text, ordering_key text, payload jsonb, headers jsonb,
+               attempts integer, created_at timestamptz)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  heads int8[];
+  followers int8[];
+BEGIN
+  PERFORM idempotency.require_transaction_block('idem_outbox_take');
+  IF batch_size IS NULL OR batch_size < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = format('batch_size must be at least 1, not %s', COALESCE(batch_size::text, 'NULL'));
+  END IF;
+  -- Messages without an ordering key, and the first pending message (the head) of each
+  -- ordering key, oldest first, once due; locked, skipping any another relay holds. Only a
+  -- head is ever taken this way, so whoever holds a key's head holds the key.
+  heads := ARRAY(
+    SELECT o.seq FROM idempotency.outbox AS o
+    WHERE o.sent_at IS NULL AND o.set_aside_at IS NULL
+      AND (o.retry_at IS NULL OR o.retry_at <= clock_timestamp())
+      AND (o.ordering_key IS NULL OR o.seq IN (
+            SELECT DISTINCT ON (h.ordering_key) h.seq FROM idempotency.outbox AS h
+            WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key IS NOT NULL
+            ORDER BY h.ordering_key, h.seq))
+    ORDER BY o.seq
+    LIMIT batch_size
+    FOR UPDATE SKIP LOCKED);
+  -- Behind the heads it holds, the next messages of the same keys, in order, to fill the
+  -- batch. Nobody else takes them: no other relay holds their key's head.
+  followers := ARRAY(
+    SELECT f.seq FROM idempotency.outbox AS f
+    WHERE f.ordering_key IN (SELECT o.ordering_key FROM idempotency.outbox AS o WHERE o.seq = ANY (heads))
+      AND f.sent_at IS NULL AND f.set_aside_at IS NULL
+      AND f.seq <> ALL (heads)
+    ORDER BY f.seq
+    LIMIT batch_size - cardinality(heads)
+    FOR UPDATE);
+  RETURN QUERY
+    SELECT o.id, o.topic, o.ordering_key, o.payload, o.headers, o.attempts, o.created_at
+    FROM idempotency.outbox AS o
+    WHERE o.seq = ANY (heads || followers)
+    ORDER BY o.seq;
+END
+$$;
+COMMENT ON FUNCTION idem_outbox_take(integer) IS
+  'For relays, inside a transaction: up to batch_size pending messages, locked until commit, in order; publish each ordering key''s messages in the order given and stop a key at its first failure.';
+
+CREATE FUNCTION idem_outbox_sent(ids uuid[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  early record;
+  marked integer;
+BEGIN
+  PERFORM idempotency.require_transaction_block('idem_outbox_sent');
+  IF ids IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ids must not be NULL';
+  END IF;
+  -- A key's messages are sent in order: none may be marked while an earlier one is pending.
+  SELECT m.id, e.id AS earlier INTO early
+  FROM idempotency.outbox AS m
+  JOIN idempotency.outbox AS e
+    ON e.ordering_key = m.ordering_key AND e.seq < m.seq
+   AND e.sent_at IS NULL AND e.set_aside_at IS NULL AND e.id <> ALL (ids)
+  WHERE m.id = ANY (ids) AND m.sent_at IS NULL
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = '55000',
+      MESSAGE = format('message %s cannot be marked sent before message %s of the same ordering key', early.id, early.earlier),
+      HINT = 'Publish a key''s messages in the order idem_outbox_take returns them, and stop the key at its first failure.';
+  END IF;
+  UPDATE idempotency.outbox AS o SET sent_at = clock_timestamp(), retry_at = NULL
+  WHERE o.id = ANY (ids) AND o.sent_at IS NULL AND o.set_aside_at IS NULL;
+  GET DIAGNOSTICS marked = ROW_COUNT;
+  RETURN marked;
+END
+$$;
+COMMENT ON FUNCTION idem_outbox_sent(uuid[]) IS
+  'For relays: marks the messages the broker confirmed as sent; returns how many were pending. Raises 55000 if a key''s earlier message is still pending.';
+
+CREATE FUNCTION idem_outbox_failed(id uuid, reason text, retry_after interval DEFAULT '5 seconds',
+    max_attempts integer DEFAULT 10)
+RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  now_ timestamptz := clock_timestamp();
+  failed idempotency.outbox;
+BEGIN
+  PERFORM idempotency.require_transaction_block('idem_outbox_failed');
+  IF id IS NULL OR reason IS NULL OR retry_after IS NULL OR max_attempts IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'id, reason, retry_after and max_attempts must not be NULL';
+  END IF;
+  IF retry_after < interval '0' OR max_attempts < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = format('retry_after must not be negative and max_attempts must be at least 1, not %s and %s', retry_after, max_attempts);
+  END IF;
+  UPDATE idempotency.outbox AS o
+     SET attempts = o.attempts + 1, last_error = reason, retry_at = now_ + retry_after,
+         set_aside_at = CASE WHEN o.attempts + 1 >= max_attempts THEN now_ END
+   WHERE o.id = idem_outbox_failed.id AND o.sent_at IS NULL AND o.set_aside_at IS NULL
+  RETURNING o.* INTO failed;
+  RETURN CASE WHEN failed.id IS NULL THEN 'not pending'
+              WHEN failed.set_aside_at IS NOT NULL THEN 'set aside'
+              ELSE 'retry' END;
+END
+$$;
+COMMENT ON FUNCTION idem_outbox_failed(uuid, text, interval, integer) IS
+  'For relays: records a failed delivery; the message (and its ordering key) waits retry_after, and is set aside at max_attempts. Returns retry, set aside or not pending.';
+
+CREATE FUNCTION idem_outbox_requeue(id uuid)
+RETURNS boolean
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  WITH requeued AS (
+    UPDATE idempotency.outbox AS o
+       SET set_aside_at = NULL, attempts = 0, retry_at = NULL
+     WHERE o.id = idem_outbox_requeue.id AND o.set_aside_at IS NOT NULL AND o.sent_at IS NULL
+    RETURNING 1)
+  SELECT count(*) > 0 FROM requeued;
+END;
+COMMENT ON FUNCTION idem_outbox_requeue(uuid) IS
+  'Puts a set-aside message back in the queue. Its ordering key''s later messages may have been sent meanwhile: it then arrives after them.';
+
+CREATE VIEW idempotency.outbox_set_aside AS
+SELECT o.id, o.topic, o.ordering_key, o.attempts, o.last_error, o.set_aside_at, o.created_at, o.payload, o.headers
+FROM idempotency.outbox AS o
+WHERE o.set_aside_at IS NOT NULL AND o.sent_at IS NULL;
+COMMENT ON VIEW idempotency.outbox_set_aside IS
+  'Messages set aside after too many failed deliveries, with the last reason; idem_outbox_requeue(id) puts one back.';
+
+CREATE VIEW idempotency.outbox_status AS
+SELECT o.topic,
+       count(*) FILTER (WHERE o.sent_at IS NULL AND o.set_aside_at IS NULL) AS pending,
+       now() - min(o.created_at) FILTER (WHERE o.sent_at IS NULL AND o.set_aside_at IS NULL) AS oldest_pending_age,
+       count(*) FILTER (WHERE o.sent_at IS NULL AND o.set_aside_at IS NULL AND o.attempts > 0) AS failed,
+       count(*) FILTER (WHERE o.set_aside_at IS NOT NULL AND o.sent_at IS NULL) AS set_aside,
+       count(*) FILTER (WHERE o.sent_at >= now() - interval '1 minute') AS sent_last_minute
+FROM idempotency.outbox AS o
+GROUP BY o.topic;
+COMMENT ON VIEW idempotency.outbox_status IS
+  'Per topic: pending messages, the oldest one''s age, pending ones that failed at least once, set aside, and sent in the last minute.';

@@ -1,0 +1,204 @@
+//! The transactional outbox: a message is written in the sender's transaction, next to the
+//! claim and the business change, and relays publish it after commit (sql's idem_outbox_*).
+//!
+//! Message ids are deterministic, so a handler that runs again for the same business key
+//! (a DLQ replay, a backfill, a claim purged and made anew) emits the same ids:
+//! - after a successful single claim (idem_claim, idem_claim_nowait, idem_claim_replay that
+//!   returned true) in the transaction, the n-th message sent gets the id of (its scope, its
+//!   key, n), counting from 1. The last such claim counts; a duplicate's false, a batch, and a
+//!   claim that raised change nothing. A message sent in a savepoint that is rolled back to
+//!   does not use up its position, since its row is gone too.
+//! - `key => k` gives the id of (default scope, k, 0) instead, whatever was claimed.
+//!
+//! The id is a UUID (version 8) made of the first 122 bits of SHA-256 over a fixed label, the
+//! claim's key digest and n: its text form is 36 bytes, and it never changes across releases.
+//!
+//! Order: messages of one ordering key are handed out in the order their transactions
+//! committed. A sender locks its ordering key (a lock on the object (idempotency.outbox,
+//! hash of the key)) before it takes the message's seq, and holds the lock until it commits
+//! or rolls back, so the next sender of that key takes a greater seq only after this one's
+//! fate is known. Senders of one key queue on that lock, so a transaction should send its
+//! keyed messages last; two transactions that lock two keys in opposite orders deadlock, and
+//! one of them gets 40P01.
+
+use pgrx::datum::{DatumWithOid, Uuid};
+use pgrx::fcinfo::{pg_getarg, pg_getarg_datum};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use sha2::{Digest, Sha256};
+
+use crate::digest::{parse_key, Scope};
+use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
+use crate::postgres::spi::Statement;
+use crate::postgres::xact::{self, lock_ordering_key, TransactionLocal};
+
+static INSERT_MESSAGE: Statement = Statement {
+    sql: "INSERT INTO idempotency.outbox (seq, id, topic, ordering_key, payload, headers) \
+          VALUES (pg_catalog.nextval('idempotency.outbox_seq'::pg_catalog.regclass), $1, $2, $3, $4, $5) \
+          ON CONFLICT (id) DO NOTHING",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID, pg_sys::JSONBOID],
+};
+
+/// Whether the stored message with this id is the same message: topic, ordering key and
+/// payload. Headers may differ (a trace id, say); the first ones stay.
+static SAME_MESSAGE: Statement = Statement {
+    sql: "SELECT o.topic OPERATOR(pg_catalog.=) $2 \
+             AND o.ordering_key IS NOT DISTINCT FROM $3 \
+             AND o.payload OPERATOR(pg_catalog.=) $4 \
+          FROM idempotency.outbox AS o WHERE o.id OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
+};
+
+/// The claim the next derived id counts from, and how many messages it has sent.
+#[derive(Clone, Copy)]
+struct Sender {
+    digest: Uuid,
+    sent: i64,
+}
+
+thread_local! {
+    static SENDER: TransactionLocal<Sender> = const { TransactionLocal::new() };
+}
+
+pub fn init() {
+    xact::register(&SENDER);
+}
+
+/// Called by every successful single claim: the messages sent after it count from it.
+pub fn claimed(digest: Uuid) {
+    SENDER.with(|s| s.set(Sender { digest, sent: 0 }));
+}
+
+/// The id of the n-th message after claiming `digest`; n = 0 for a message sent with an
+/// explicit key.
+fn message_id(digest: Uuid, n: i64) -> Uuid {
+    let mut hasher = Sha256::new();
+    hasher.update(b"idempotency message id\0");
+    hasher.update(digest.as_bytes());
+    hasher.update(n.to_be_bytes());
+    let hash = hasher.finalize();
+    let mut id: [u8; 16] = hash[..16].try_into().expect("SHA-256 has 32 bytes");
+    id[6] = (id[6] & 0x0f) | 0x80; // version 8: custom
+    id[8] = (id[8] & 0x3f) | 0x80; // variant: RFC 9562
+    Uuid::from_bytes(id)
+}
+
+struct Message {
+    topic: String,
+    payload: pg_sys::Datum,
+    headers: Option<pg_sys::Datum>,
+    ordering_key: Option<String>,
+}
+
+fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
+    if message.topic.is_empty() {
+        return Err(IdemError::new(SqlState::InvalidParameterValue, "topic must not be empty"));
+    }
+    if message.ordering_key.as_deref() == Some("") {
+        return Err(IdemError::new(SqlState::InvalidParameterValue, "ordering_key must not be empty")
+            .hint("Pass NULL for a message that need not keep an order."));
+    }
+    let id = match key {
+        Some(key) => message_id(Scope::parse(Some("default"))?.key_digest(parse_key(Some(key), "key")?), 0),
+        None => {
+            let Some(sender) = SENDER.with(TransactionLocal::get) else {
+                return Err(IdemError::new(
+                    SqlState::NotClaimed,
+                    "no key was claimed in this transaction to derive the message id from",
+                )
+                .hint("Call idem_claim first in the same transaction, or pass key => a key of the message's own."));
+            };
+            let n = sender.sent + 1;
+            SENDER.with(|s| s.set(Sender { sent: n, ..sender }));
+            message_id(sender.digest, n)
+        }
+    };
+    if let Some(ordering_key) = &message.ordering_key {
+        lock_ordering_key(ordering_key.as_bytes())?;
+    }
+    // SAFETY: the datums are the caller's jsonb arguments, alive for the call.
+    let jsonb = |datum: Option<pg_sys::Datum>| unsafe {
+        match datum {
+            Some(d) => DatumWithOid::new(d, pg_sys::JSONBOID),
+            None => DatumWithOid::null_oid(pg_sys::JSONBOID),
+        }
+    };
+    let text = |value: Option<&str>| DatumWithOid::from(value);
+    let (topic, ordering_key) = (Some(message.topic.as_str()), message.ordering_key.as_deref());
+    let inserted = INSERT_MESSAGE.run(
+        &[
+            DatumWithOid::from(id),
+            text(topic),
+            text(ordering_key),
+            jsonb(Some(message.payload)),
+            jsonb(message.headers),
+        ],
+        |rows| rows.len() == 1,
+    )?;
+    if !inserted {
+        let same = SAME_MESSAGE
+            .run(&[DatumWithOid::from(id), text(topic), text(ordering_key), jsonb(Some(message.payload))], |rows| {
+                rows.get::<bool>(0, 1)
+            })?;
+        if same == Some(false) {
+            return Err(IdemError::new(SqlState::PayloadMismatch, format!("message {id} was already sent with another topic, ordering key or payload"))
+                .detail("A message id stands for one message: the outbox keeps the first, and consumers downstream would drop the second as a repeat.")
+                .hint("Derive the ids of different messages from different claims or keys, or send one message per position after a claim."));
+        }
+    }
+    Ok(id)
+}
+
+// The jsonb arguments are read as raw datums and go to the statement unconverted.
+#[pg_extern(sql = false)]
+fn idem_send(fcinfo: pg_sys::FunctionCallInfo) -> Option<Uuid> {
+    // SAFETY: the SQL declaration gives these five arguments these types (text, jsonb, jsonb,
+    // text, text); a NULL comes back as None.
+    let (topic, payload, headers, ordering_key, key) = unsafe {
+        (
+            pg_getarg::<String>(fcinfo, 0),
+            pg_getarg_datum(fcinfo, 1),
+            pg_getarg_datum(fcinfo, 2),
+            pg_getarg::<String>(fcinfo, 3),
+            pg_getarg::<String>(fcinfo, 4),
+        )
+    };
+    finish((|| {
+        let message =
+            Message { topic: required(topic, "topic")?, payload: required(payload, "payload")?, headers, ordering_key };
+        send(message, key.as_deref())
+    })())
+}
+sqlstate_entry!(idem_send_entry, pg_finfo_idem_send_entry, idem_send_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_message_id(key: Option<&str>, scope: Option<&str>, n: Option<i64>) -> Option<Uuid> {
+    finish((|| {
+        let digest = Scope::parse(scope)?.key_digest(parse_key(key, "key")?);
+        let n = required(n, "n")?;
+        if n < 0 {
+            return Err(IdemError::new(SqlState::InvalidParameterValue, format!("n must not be negative, not {n}"))
+                .hint("n counts the messages sent after a claim from 1; 0 is the id of a message sent with key =>."));
+        }
+        Ok(message_id(digest, n))
+    })())
+}
+sqlstate_entry!(idem_message_id_entry, pg_finfo_idem_message_id_entry, idem_message_id_wrapper);
+
+#[pg_extern(sql = false)]
+fn require_transaction_block(what: Option<&str>) {
+    if !xact::in_transaction_block() {
+        let what = what.unwrap_or("this function");
+        finish::<()>(Err(IdemError::new(
+            SqlState::NoActiveTransaction,
+            format!("{what} must run inside a transaction block"),
+        )
+        .detail("The messages it locks must stay locked until the relay has published them and commits.")
+        .hint("Run BEGIN first, and COMMIT after marking the messages sent or failed.")));
+    }
+}
+sqlstate_entry!(
+    require_transaction_block_entry,
+    pg_finfo_require_transaction_block_entry,
+    require_transaction_block_wrapper
+);

@@ -1,0 +1,178 @@
+//! Backend-local values that belong to the current transaction: gone when it ends, and put
+//! back as they were when a savepoint they were changed under is rolled back to, exactly as
+//! the rows written next to them are.
+//!
+//! A value changed in subtransaction S is kept as a stack entry labelled S over the value
+//! it replaced. Rolling back to S drops S's entries and those of every subtransaction
+//! started after it (subtransaction ids only grow within a transaction); releasing S hands
+//! its newest value to its parent. The end of the top-level transaction, by commit, abort or
+//! PREPARE TRANSACTION, empties the stack.
+
+use std::cell::RefCell;
+use std::thread::LocalKey;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use sha2::{Digest, Sha256};
+
+use super::{catch, ffi, PgError};
+
+/// A value of the current transaction. Declare it in a `thread_local!` and [`register`] it.
+pub struct TransactionLocal<T: Clone + 'static> {
+    /// (subtransaction that set it, value), oldest first.
+    stack: RefCell<Vec<(pg_sys::SubTransactionId, T)>>,
+}
+
+impl<T: Clone + 'static> TransactionLocal<T> {
+    pub const fn new() -> TransactionLocal<T> {
+        TransactionLocal { stack: RefCell::new(Vec::new()) }
+    }
+
+    /// The value in force, if this transaction set one.
+    pub fn get(&self) -> Option<T> {
+        self.stack.borrow().last().map(|(_, value)| value.clone())
+    }
+
+    /// Sets the value for the rest of the transaction, or until the current savepoint is
+    /// rolled back to.
+    pub fn set(&self, value: T) {
+        // SAFETY: reads the current subtransaction's id; a set only runs inside a transaction.
+        let current = unsafe { pg_sys::GetCurrentSubTransactionId() };
+        let mut stack = self.stack.borrow_mut();
+        match stack.last_mut() {
+            Some((id, top)) if *id == current => *top = value,
+            _ => stack.push((current, value)),
+        }
+    }
+
+    fn end_of_transaction(&self) {
+        self.stack.borrow_mut().clear();
+    }
+
+    fn rolled_back(&self, sub: pg_sys::SubTransactionId) {
+        self.stack.borrow_mut().retain(|(id, _)| *id < sub);
+    }
+
+    fn released(&self, sub: pg_sys::SubTransactionId, parent: pg_sys::SubTransactionId) {
+        let mut stack = self.stack.borrow_mut();
+        let Some(first) = stack.iter().position(|(id, _)| *id >= sub) else { return };
+        let (_, newest) = stack.pop().expect("an entry at or after first");
+        stack.truncate(first);
+        match stack.last_mut() {
+            Some((id, top)) if *id == parent => *top = newest,
+            _ => stack.push((parent, newest)),
+        }
+    }
+}
+
+/// Something the transaction callbacks reach: a `TransactionLocal` behind its `LocalKey`.
+trait Registered {
+    fn end_of_transaction(&'static self);
+    fn rolled_back(&'static self, sub: pg_sys::SubTransactionId);
+    fn released(&'static self, sub: pg_sys::SubTransactionId, parent: pg_sys::SubTransactionId);
+}
+
+impl<T: Clone + 'static> Registered for LocalKey<TransactionLocal<T>> {
+    fn end_of_transaction(&'static self) {
+        self.with(TransactionLocal::end_of_transaction);
+    }
+    fn rolled_back(&'static self, sub: pg_sys::SubTransactionId) {
+        self.with(|local| local.rolled_back(sub));
+    }
+    fn released(&'static self, sub: pg_sys::SubTransactionId, parent: pg_sys::SubTransactionId) {
+        self.with(|local| local.released(sub, parent));
+    }
+}
+
+thread_local! {
+    static REGISTERED: RefCell<Vec<&'static dyn Registered>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes the transaction's end and its savepoints reach `local`; once per backend, from
+/// `_PG_init`.
+pub fn register<T: Clone + 'static>(local: &'static LocalKey<TransactionLocal<T>>) {
+    REGISTERED.with(|all| {
+        let mut all = all.borrow_mut();
+        if all.is_empty() {
+            // SAFETY: registers plain functions for the life of the backend, once.
+            unsafe {
+                pg_sys::RegisterXactCallback(Some(on_transaction), std::ptr::null_mut());
+                pg_sys::RegisterSubXactCallback(Some(on_subtransaction), std::ptr::null_mut());
+            }
+        }
+        all.push(local);
+    });
+}
+
+fn each(f: impl Fn(&'static dyn Registered)) {
+    REGISTERED.with(|all| all.borrow().iter().for_each(|local| f(*local)));
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_transaction(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    if matches!(
+        event,
+        XACT_EVENT_COMMIT
+            | XACT_EVENT_ABORT
+            | XACT_EVENT_PREPARE
+            | XACT_EVENT_PARALLEL_COMMIT
+            | XACT_EVENT_PARALLEL_ABORT
+    ) {
+        each(|local| local.end_of_transaction());
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subtransaction(
+    event: pg_sys::SubXactEvent::Type,
+    sub: pg_sys::SubTransactionId,
+    parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::SubXactEvent::*;
+    match event {
+        SUBXACT_EVENT_ABORT_SUB => each(|local| local.rolled_back(sub)),
+        SUBXACT_EVENT_COMMIT_SUB => each(|local| local.released(sub, parent)),
+        _ => {}
+    }
+}
+
+/// Whether the caller is inside BEGIN … COMMIT, where what it locks stays locked between
+/// statements.
+pub fn in_transaction_block() -> bool {
+    // SAFETY: reads the transaction state.
+    unsafe { pg_sys::IsTransactionBlock() }
+}
+
+/// Takes the lock of an outbox ordering key, held until the transaction ends (or the current
+/// savepoint is rolled back to): an exclusive lock on the object (idempotency.outbox, the
+/// first 48 bits of SHA-256 over the key), as pg_locks shows it. Two keys share a lock only
+/// when their hashes collide, which orders them together and changes nothing else. Waits as
+/// any lock does: lock_timeout, deadlock detection (40P01) and cancel apply.
+pub fn lock_ordering_key(key: &[u8]) -> Result<(), PgError> {
+    let hash = Sha256::digest(key);
+    let objid = u32::from_be_bytes(hash[..4].try_into().expect("SHA-256 has 32 bytes"));
+    let objsubid = u16::from_be_bytes(hash[4..6].try_into().expect("SHA-256 has 32 bytes"));
+    // SAFETY: looks names up (raising 3F000 or 42P01 as SQL would) and waits for a lock; it
+    // holds nothing with a destructor across them.
+    unsafe {
+        catch(|| {
+            let schema = ffi::get_namespace_oid(c"idempotency".as_ptr(), false);
+            let outbox = ffi::get_relname_relid(c"outbox".as_ptr(), schema);
+            if outbox == pg_sys::InvalidOid {
+                pgrx::ereport!(
+                    ERROR,
+                    PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+                    "relation \"idempotency.outbox\" does not exist"
+                );
+            }
+            ffi::LockDatabaseObject(
+                outbox,
+                pg_sys::Oid::from(objid),
+                objsubid,
+                pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE,
+            );
+        })
+    }
+}
