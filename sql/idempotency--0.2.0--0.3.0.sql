@@ -52,6 +52,12 @@ AS 'MODULE_PATHNAME', 'idem_message_id_entry';
 COMMENT ON FUNCTION idem_message_id(text, text, bigint) IS
   'The id idem_send gives the n-th message sent after claiming (scope, key); with n NULL, the id of idem_send(..., key => key).';
 
+CREATE FUNCTION idem_outbox_retention()
+RETURNS interval LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'idem_outbox_retention_wrapper';
+COMMENT ON FUNCTION idem_outbox_retention() IS
+  'How long sent messages stay in the outbox before idem_purge removes them: the setting idempotency.outbox_retention.';
+
 -- The relays' interface. A relay calls idem_outbox_take inside a transaction, publishes what
 -- it got, marks each message sent or failed, and commits; the row locks it took keep every
 -- other relay off those messages, and off their ordering keys, until then. A relay that dies
@@ -210,3 +216,85 @@ FROM idempotency.outbox AS o
 GROUP BY o.topic;
 COMMENT ON VIEW idempotency.outbox_status IS
   'Per topic: pending messages, the oldest one''s age, pending ones that failed at least once, set aside, and sent in the last minute.';
+
+-- Sent messages are kept idempotency.outbox_retention after they were sent (so that sending
+-- one of them again still does nothing), then idem_purge removes them: the purge walks the
+-- ledger's heap and then the outbox's in ranges of blocks (TID range scans), deleting the
+-- claims older than their scope's retention and the messages sent longer ago than the
+-- outbox's, and commits after every range: short transactions, row locks only, no table
+-- rewrite and no index that every claim or send would have to maintain. Pending and set-aside
+-- messages are never purged. Claims and sends wait for nothing; a pause between batches
+-- leaves the CPU to them (the scheduled job uses one).
+CREATE OR REPLACE PROCEDURE idem_purge(batch_blocks integer DEFAULT 256, pause interval DEFAULT '0',
+                            INOUT deleted bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+  run bigint;
+  ledger_blocks bigint;
+  total_blocks bigint;
+  done_blocks bigint := 0;
+  first_block bigint;
+  last_block bigint;
+  removed bigint;
+BEGIN
+  IF batch_blocks IS NULL OR batch_blocks OPERATOR(pg_catalog.<) 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = pg_catalog.format('batch_blocks must be at least 1, not %s', COALESCE(batch_blocks::pg_catalog.text, 'NULL'));
+  END IF;
+  IF pause IS NULL OR pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = pg_catalog.format('pause must be zero or more, not %s', COALESCE(pause::pg_catalog.text, 'NULL'));
+  END IF;
+  deleted := 0;
+  -- Blocks are counted across both tables: the ledger's first, then the outbox's.
+  ledger_blocks := pg_catalog.pg_relation_size('idempotency.ledger'::pg_catalog.regclass)
+                   OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8;
+  -- (Operators written OPERATOR(...) all bind alike, left to right: hence the parentheses.)
+  total_blocks := ledger_blocks OPERATOR(pg_catalog.+)
+                  (pg_catalog.pg_relation_size('idempotency.outbox'::pg_catalog.regclass)
+                   OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8);
+  INSERT INTO idempotency.purge_runs (blocks) VALUES (total_blocks) RETURNING run_id INTO run;
+  COMMIT;
+  WHILE done_blocks OPERATOR(pg_catalog.<) total_blocks LOOP
+    IF done_blocks OPERATOR(pg_catalog.<) ledger_blocks THEN
+      first_block := done_blocks;
+      last_block := LEAST(first_block OPERATOR(pg_catalog.+) batch_blocks, ledger_blocks);
+      DELETE FROM idempotency.ledger AS l
+      WHERE l.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND l.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND l.claimed_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(
+              (SELECT s.retention FROM idempotency.scopes AS s WHERE s.scope_id OPERATOR(pg_catalog.=) l.scope_id),
+              @extschema@.idem_default_retention()));
+      done_blocks := last_block;
+    ELSE
+      first_block := done_blocks OPERATOR(pg_catalog.-) ledger_blocks;
+      last_block := first_block OPERATOR(pg_catalog.+) batch_blocks;
+      DELETE FROM idempotency.outbox AS o
+      WHERE o.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND o.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND o.sent_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) @extschema@.idem_outbox_retention());
+      done_blocks := LEAST(done_blocks OPERATOR(pg_catalog.+) batch_blocks, total_blocks);
+    END IF;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    deleted := deleted OPERATOR(pg_catalog.+) removed;
+    UPDATE idempotency.purge_runs AS p
+       SET blocks_done = done_blocks,
+           batches = p.batches OPERATOR(pg_catalog.+) 1, deleted = p.deleted OPERATOR(pg_catalog.+) removed
+     WHERE p.run_id OPERATOR(pg_catalog.=) run;
+    COMMIT;
+    IF pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
+       AND done_blocks OPERATOR(pg_catalog.<) total_blocks THEN
+      PERFORM pg_catalog.pg_sleep(pg_catalog.date_part('epoch', pause));
+    END IF;
+  END LOOP;
+  UPDATE idempotency.purge_runs AS p SET finished_at = pg_catalog.clock_timestamp()
+   WHERE p.run_id OPERATOR(pg_catalog.=) run;
+  -- The history keeps a month of runs, interrupted ones included.
+  DELETE FROM idempotency.purge_runs AS p
+   WHERE p.started_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) '30 days'::pg_catalog.interval);
+  COMMIT;
+END
+$$;
+COMMENT ON PROCEDURE idem_purge(integer, interval, bigint) IS
+  'Deletes expired claims, and outbox messages sent longer than idempotency.outbox_retention ago, in batches of batch_blocks heap blocks, committing (then pausing) after each; CALL it outside a transaction block. Progress: idempotency.purge_progress.';

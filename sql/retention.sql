@@ -70,66 +70,9 @@ SELECT '(undeclared scopes)', NULL, NULL, NULL, NULL,
        @extschema@.idem_default_retention(), 'error', 'idempotency.default_retention';
 COMMENT ON VIEW idempotency.scope_retention IS 'Each declared scope''s retention, its parts and total, and the default of undeclared scopes.';
 
--- The purge walks the ledger's heap in ranges of blocks (a TID range scan), deleting the
--- claims older than their scope's retention and committing after every range: short
--- transactions, row locks only, no table rewrite and no index on claimed_at that every
--- claim would have to maintain. A claim is expired when claimed_at < now() - retention at
--- the time of its batch, so nothing inside its retention is ever deleted. Claims wait for
--- nothing: a concurrent claim of an expired key waits for the batch, then claims it anew.
--- A pause between batches leaves the CPU to the claims; the scheduled job uses one.
-CREATE PROCEDURE idem_purge(batch_blocks integer DEFAULT 256, pause interval DEFAULT '0',
-                            INOUT deleted bigint DEFAULT NULL)
-LANGUAGE plpgsql
-AS $$
-DECLARE
-  run bigint;
-  total_blocks bigint;
-  first_block bigint := 0;
-  removed bigint;
-BEGIN
-  IF batch_blocks IS NULL OR batch_blocks OPERATOR(pg_catalog.<) 1 THEN
-    RAISE EXCEPTION USING ERRCODE = '22023',
-      MESSAGE = pg_catalog.format('batch_blocks must be at least 1, not %s', COALESCE(batch_blocks::pg_catalog.text, 'NULL'));
-  END IF;
-  IF pause IS NULL OR pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
-    RAISE EXCEPTION USING ERRCODE = '22023',
-      MESSAGE = pg_catalog.format('pause must be zero or more, not %s', COALESCE(pause::pg_catalog.text, 'NULL'));
-  END IF;
-  deleted := 0;
-  total_blocks := pg_catalog.pg_relation_size('idempotency.ledger'::pg_catalog.regclass)
-                  OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8;
-  INSERT INTO idempotency.purge_runs (blocks) VALUES (total_blocks) RETURNING run_id INTO run;
-  COMMIT;
-  WHILE first_block OPERATOR(pg_catalog.<) total_blocks LOOP
-    DELETE FROM idempotency.ledger AS l
-    WHERE l.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
-      AND l.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', first_block OPERATOR(pg_catalog.+) batch_blocks)::pg_catalog.tid
-      AND l.claimed_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(
-            (SELECT s.retention FROM idempotency.scopes AS s WHERE s.scope_id OPERATOR(pg_catalog.=) l.scope_id),
-            @extschema@.idem_default_retention()));
-    GET DIAGNOSTICS removed = ROW_COUNT;
-    deleted := deleted OPERATOR(pg_catalog.+) removed;
-    first_block := first_block OPERATOR(pg_catalog.+) batch_blocks;
-    UPDATE idempotency.purge_runs AS p
-       SET blocks_done = LEAST(first_block, total_blocks),
-           batches = p.batches OPERATOR(pg_catalog.+) 1, deleted = p.deleted OPERATOR(pg_catalog.+) removed
-     WHERE p.run_id OPERATOR(pg_catalog.=) run;
-    COMMIT;
-    IF pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
-       AND first_block OPERATOR(pg_catalog.<) total_blocks THEN
-      PERFORM pg_catalog.pg_sleep(pg_catalog.date_part('epoch', pause));
-    END IF;
-  END LOOP;
-  UPDATE idempotency.purge_runs AS p SET finished_at = pg_catalog.clock_timestamp()
-   WHERE p.run_id OPERATOR(pg_catalog.=) run;
-  -- The history keeps a month of runs, interrupted ones included.
-  DELETE FROM idempotency.purge_runs AS p
-   WHERE p.started_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) '30 days'::pg_catalog.interval);
-  COMMIT;
-END
-$$;
-COMMENT ON PROCEDURE idem_purge(integer, interval, bigint) IS
-  'Deletes expired claims in batches of batch_blocks heap blocks, committing (then pausing) after each; CALL it outside a transaction block. Progress: idempotency.purge_progress.';
+-- idem_purge, the batched purge of expired claims (and, from 0.3.0, of sent outbox messages),
+-- is defined in sql/idempotency--0.2.0--0.3.0.sql, which runs after this file in a fresh
+-- install: its one live definition.
 
 -- A run that was cancelled or failed keeps finished_at NULL; whether it is still running is
 -- told by its backend: alive and executing a purge.

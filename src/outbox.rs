@@ -21,10 +21,11 @@
 //! keyed messages last; two transactions that lock two keys in opposite orders deadlock, and
 //! one of them gets 40P01.
 
-use pgrx::datum::{DatumWithOid, Uuid};
+use pgrx::datum::{DatumWithOid, Interval, Uuid};
 use pgrx::fcinfo::{pg_getarg, pg_getarg_datum};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use sha2::{Digest, Sha256};
 
 use crate::digest::{parse_key, Scope};
@@ -60,8 +61,23 @@ thread_local! {
     static SENDER: TransactionLocal<Sender> = const { TransactionLocal::new() };
 }
 
+/// One day: sending a sent message again does nothing for that long after it was sent. Keep
+/// it at least as long as handlers can run again for the same business key (a DLQ replay, a
+/// backfill), or consumers downstream must recognise the repeats by id on their own.
+pub static OUTBOX_RETENTION: GucSetting<i32> = GucSetting::<i32>::new(24 * 3600);
+
 pub fn init() {
     xact::register(&SENDER);
+    GucRegistry::define_int_guc(
+        c"idempotency.outbox_retention",
+        c"How long sent outbox messages are kept before idem_purge may delete them.",
+        c"Pending and set-aside messages are never purged.",
+        &OUTBOX_RETENTION,
+        1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
 }
 
 /// Called by every successful single claim: the messages sent after it count from it.
@@ -184,6 +200,11 @@ fn idem_message_id(key: Option<&str>, scope: Option<&str>, n: Option<i64>) -> Op
     })())
 }
 sqlstate_entry!(idem_message_id_entry, pg_finfo_idem_message_id_entry, idem_message_id_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_outbox_retention() -> Interval {
+    crate::retention::seconds_interval(OUTBOX_RETENTION.get())
+}
 
 #[pg_extern(sql = false)]
 fn require_transaction_block(what: Option<&str>) {

@@ -31,11 +31,15 @@ pub fn define_settings() {
     );
 }
 
-/// Whole days stay days, so the setting reads back as '7 days' rather than '168:00:00'.
-fn default_retention() -> Interval {
-    let seconds = DEFAULT_RETENTION.get();
+/// A retention setting's seconds as an interval. Whole days stay days, so the setting reads
+/// back as '7 days' rather than '168:00:00'.
+pub fn seconds_interval(seconds: i32) -> Interval {
     Interval::new(0, seconds / 86_400, i64::from(seconds % 86_400) * 1_000_000)
         .expect("a positive int4 number of seconds is a valid interval")
+}
+
+fn default_retention() -> Interval {
+    seconds_interval(DEFAULT_RETENTION.get())
 }
 
 static LATE: Statement = Statement {
