@@ -50,7 +50,7 @@ CREATE FUNCTION idem_message_id(key text, scope text DEFAULT 'default', n bigint
 RETURNS uuid LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'idem_message_id_entry';
 COMMENT ON FUNCTION idem_message_id(text, text, bigint) IS
-  'The id idem_send gives the n-th message sent after claiming (scope, key); with n NULL, the id of idem_send(..., key => key).';
+  'The id idem_send gives the n-th message sent after claiming (scope, key); n = 0 in the default scope is the id of idem_send(..., key => key).';
 
 CREATE FUNCTION idem_outbox_retention()
 RETURNS interval LANGUAGE c STABLE PARALLEL SAFE
@@ -68,6 +68,12 @@ AS 'MODULE_PATHNAME', 'require_transaction_block_entry';
 COMMENT ON FUNCTION idempotency.require_transaction_block(text) IS
   'Raises 25P01 outside a transaction block: a relay''s locks must last until it has published.';
 
+CREATE FUNCTION idempotency.lock_ordering_key(ordering_key text)
+RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'lock_ordering_key_entry';
+COMMENT ON FUNCTION idempotency.lock_ordering_key(text) IS
+  'Takes the lock a sender of this ordering key holds until it commits, as idem_send does before it draws a seq.';
+
 CREATE FUNCTION idem_outbox_take(batch_size integer DEFAULT 100)
 RETURNS TABLE (id uuid, topic text, ordering_key text, payload jsonb, headers jsonb,
                attempts integer, created_at timestamptz)
@@ -79,9 +85,26 @@ DECLARE
   followers int8[];
 BEGIN
   PERFORM idempotency.require_transaction_block('idem_outbox_take');
-  IF batch_size IS NULL OR batch_size < 1 THEN
-    RAISE EXCEPTION USING ERRCODE = '22023',
-      MESSAGE = format('batch_size must be at least 1, not %s', COALESCE(batch_size::text, 'NULL'));
+  IF batch_size IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'batch_size must not be NULL';
+  END IF;
+  IF batch_size < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('batch_size must be at least 1, not %s', batch_size);
+  END IF;
+  -- Under REPEATABLE READ a row another relay marked since the snapshot raises 40001 when it
+  -- is locked; READ COMMITTED rechecks it instead.
+  IF current_setting('transaction_isolation') <> 'read committed' THEN
+    RAISE EXCEPTION USING ERRCODE = '25000',
+      MESSAGE = format('idem_outbox_take needs READ COMMITTED, not %s', upper(current_setting('transaction_isolation'))),
+      HINT = 'Start the relay''s transactions with BEGIN ISOLATION LEVEL READ COMMITTED.';
+  END IF;
+  -- A sequence that hands out cached blocks of values would number one key's messages out of
+  -- commit order.
+  IF (SELECT q.seqcache FROM pg_catalog.pg_sequence AS q
+      WHERE q.seqrelid = 'idempotency.outbox_seq'::regclass) > 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '55000',
+      MESSAGE = 'idempotency.outbox_seq has a CACHE above 1, which numbers messages out of commit order',
+      HINT = 'ALTER SEQUENCE idempotency.outbox_seq CACHE 1;';
   END IF;
   -- Messages without an ordering key, and the first pending message (the head) of each
   -- ordering key, oldest first, once due; locked, skipping any another relay holds. Only a
@@ -99,11 +122,16 @@ BEGIN
     FOR UPDATE SKIP LOCKED);
   -- Behind the heads it holds, the next messages of the same keys, in order, to fill the
   -- batch. Nobody else takes them: no other relay holds their key's head.
+  -- A key's followers end before its first message that is not due yet (one that failed).
   followers := ARRAY(
     SELECT f.seq FROM idempotency.outbox AS f
     WHERE f.ordering_key IN (SELECT o.ordering_key FROM idempotency.outbox AS o WHERE o.seq = ANY (heads))
       AND f.sent_at IS NULL AND f.set_aside_at IS NULL
       AND f.seq <> ALL (heads)
+      AND NOT EXISTS (
+            SELECT FROM idempotency.outbox AS w
+            WHERE w.ordering_key = f.ordering_key AND w.seq <= f.seq
+              AND w.sent_at IS NULL AND w.set_aside_at IS NULL AND w.retry_at > clock_timestamp())
     ORDER BY f.seq
     LIMIT batch_size - cardinality(heads)
     FOR UPDATE);
@@ -127,8 +155,8 @@ DECLARE
   marked integer;
 BEGIN
   PERFORM idempotency.require_transaction_block('idem_outbox_sent');
-  IF ids IS NULL THEN
-    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ids must not be NULL';
+  IF ids IS NULL OR array_position(ids, NULL) IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ids must not be NULL nor hold a NULL';
   END IF;
   -- A key's messages are sent in order: none may be marked while an earlier one is pending.
   SELECT m.id, e.id AS earlier INTO early
@@ -185,18 +213,33 @@ COMMENT ON FUNCTION idem_outbox_failed(uuid, text, interval, integer) IS
 
 CREATE FUNCTION idem_outbox_requeue(id uuid)
 RETURNS boolean
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-  WITH requeued AS (
-    UPDATE idempotency.outbox AS o
-       SET set_aside_at = NULL, attempts = 0, retry_at = NULL
-     WHERE o.id = idem_outbox_requeue.id AND o.set_aside_at IS NOT NULL AND o.sent_at IS NULL
-    RETURNING 1)
-  SELECT count(*) > 0 FROM requeued;
-END;
+AS $$
+DECLARE
+  message idempotency.outbox;
+BEGIN
+  IF id IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'id must not be NULL';
+  END IF;
+  SELECT o.* INTO message FROM idempotency.outbox AS o
+  WHERE o.id = idem_outbox_requeue.id AND o.set_aside_at IS NOT NULL AND o.sent_at IS NULL;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  -- It joins the tail of its key as a new send would, under the key's lock and with a new
+  -- seq: back at its old place it would become the head of a key that a relay may hold.
+  IF message.ordering_key IS NOT NULL THEN
+    PERFORM idempotency.lock_ordering_key(message.ordering_key);
+  END IF;
+  UPDATE idempotency.outbox AS o
+     SET set_aside_at = NULL, attempts = 0, retry_at = NULL, seq = nextval('idempotency.outbox_seq')
+   WHERE o.id = idem_outbox_requeue.id AND o.set_aside_at IS NOT NULL AND o.sent_at IS NULL;
+  RETURN FOUND;
+END
+$$;
 COMMENT ON FUNCTION idem_outbox_requeue(uuid) IS
-  'Puts a set-aside message back in the queue. Its ordering key''s later messages may have been sent meanwhile: it then arrives after them.';
+  'Puts a set-aside message back in the queue, behind every message of its ordering key sent so far: it arrives after them.';
 
 CREATE VIEW idempotency.outbox_set_aside AS
 SELECT o.id, o.topic, o.ordering_key, o.attempts, o.last_error, o.set_aside_at, o.created_at, o.payload, o.headers

@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 use crate::digest::{parse_key, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::spi::Statement;
-use crate::postgres::xact::{self, lock_ordering_key, TransactionLocal};
+use crate::postgres::xact::{self, TransactionLocal};
 
 static INSERT_MESSAGE: Statement = Statement {
     sql: "INSERT INTO idempotency.outbox (seq, id, topic, ordering_key, payload, headers) \
@@ -99,6 +99,8 @@ fn message_id(digest: Uuid, n: i64) -> Uuid {
     Uuid::from_bytes(id)
 }
 
+const MAX_ORDERING_KEY: usize = 1024;
+
 struct Message {
     topic: String,
     payload: pg_sys::Datum,
@@ -110,9 +112,20 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
     if message.topic.is_empty() {
         return Err(IdemError::new(SqlState::InvalidParameterValue, "topic must not be empty"));
     }
-    if message.ordering_key.as_deref() == Some("") {
-        return Err(IdemError::new(SqlState::InvalidParameterValue, "ordering_key must not be empty")
-            .hint("Pass NULL for a message that need not keep an order."));
+    match message.ordering_key.as_deref().map(str::len) {
+        Some(0) => {
+            return Err(IdemError::new(SqlState::InvalidParameterValue, "ordering_key must not be empty")
+                .hint("Pass NULL for a message that need not keep an order."))
+        }
+        // The pending-messages index holds the key; btree refuses entries of about 2.7 kB.
+        Some(len) if len > MAX_ORDERING_KEY => {
+            return Err(IdemError::new(
+                SqlState::InvalidParameterValue,
+                format!("ordering_key must be at most {MAX_ORDERING_KEY} bytes, not {len}"),
+            )
+            .hint("Order by an entity's id, not by its content."))
+        }
+        _ => {}
     }
     let id = match key {
         Some(key) => message_id(Scope::parse(Some("default"))?.key_digest(parse_key(Some(key), "key")?), 0),
@@ -130,7 +143,7 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
         }
     };
     if let Some(ordering_key) = &message.ordering_key {
-        lock_ordering_key(ordering_key.as_bytes())?;
+        xact::lock_ordering_key(ordering_key.as_bytes())?;
     }
     // SAFETY: the datums are the caller's jsonb arguments, alive for the call.
     let jsonb = |datum: Option<pg_sys::Datum>| unsafe {
@@ -141,25 +154,37 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
     };
     let text = |value: Option<&str>| DatumWithOid::from(value);
     let (topic, ordering_key) = (Some(message.topic.as_str()), message.ordering_key.as_deref());
-    let inserted = INSERT_MESSAGE.run(
-        &[
-            DatumWithOid::from(id),
-            text(topic),
-            text(ordering_key),
-            jsonb(Some(message.payload)),
-            jsonb(message.headers),
-        ],
-        |rows| rows.len() == 1,
-    )?;
-    if !inserted {
+    // A duplicate's row can vanish (purged, or deleted by hand) between the INSERT that met it
+    // and the read that compares it: the INSERT is tried again then.
+    loop {
+        let inserted = INSERT_MESSAGE.run(
+            &[
+                DatumWithOid::from(id),
+                text(topic),
+                text(ordering_key),
+                jsonb(Some(message.payload)),
+                jsonb(message.headers),
+            ],
+            |rows| rows.len() == 1,
+        )?;
+        if inserted {
+            break;
+        }
         let same = SAME_MESSAGE
             .run(&[DatumWithOid::from(id), text(topic), text(ordering_key), jsonb(Some(message.payload))], |rows| {
-                rows.get::<bool>(0, 1)
+                (!rows.is_empty()).then(|| rows.get::<bool>(0, 1))
             })?;
-        if same == Some(false) {
-            return Err(IdemError::new(SqlState::PayloadMismatch, format!("message {id} was already sent with another topic, ordering key or payload"))
+        match same {
+            None => continue,
+            Some(Some(true)) => break,
+            Some(_) => {
+                return Err(IdemError::new(
+                    SqlState::PayloadMismatch,
+                    format!("message {id} was already sent with another topic, ordering key or payload"),
+                )
                 .detail("A message id stands for one message: the outbox keeps the first, and consumers downstream would drop the second as a repeat.")
-                .hint("Derive the ids of different messages from different claims or keys, or send one message per position after a claim."));
+                .hint("Derive the ids of different messages from different claims or keys, or send one message per position after a claim."))
+            }
         }
     }
     Ok(id)
@@ -200,6 +225,12 @@ fn idem_message_id(key: Option<&str>, scope: Option<&str>, n: Option<i64>) -> Op
     })())
 }
 sqlstate_entry!(idem_message_id_entry, pg_finfo_idem_message_id_entry, idem_message_id_wrapper);
+
+#[pg_extern(sql = false)]
+fn ordering_key_lock(ordering_key: Option<&str>) {
+    finish(required(ordering_key, "ordering_key").and_then(|k| Ok(xact::lock_ordering_key(k.as_bytes())?)));
+}
+sqlstate_entry!(lock_ordering_key_entry, pg_finfo_lock_ordering_key_entry, ordering_key_lock_wrapper);
 
 #[pg_extern(sql = false)]
 fn idem_outbox_retention() -> Interval {

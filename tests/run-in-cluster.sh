@@ -48,6 +48,10 @@ both_ways isolation "isolation: concurrent sessions, pg_test/isolation/specs -> 
 
 suite client "client-driven tests (several real connections)" \
   cargo test -p idempotency-client-tests -- --test-threads=1
+# The outbox's relay program against the machine's RabbitMQ and NATS: 10,000 messages over 200
+# keys with four relays, one killed mid-stream, and a broker outage through a proxy it cuts.
+suite relay "idempotency-relay end to end (RabbitMQ, NATS JetStream)" \
+  cargo test -p idempotency-relay -- --test-threads=1 --nocapture
 # Direct writes, statement writes and hand-written SQL on random shapes; any difference fails.
 suite differential "differential tester (short)" \
   cargo run -q --release -p idempotency-differential -- --seed 1 --cases 200

@@ -88,6 +88,7 @@ SELECT sqlstate_of($$SELECT idem_send('t', NULL, key => 'x')$$);
 SELECT sqlstate_of($$SELECT idem_send('', '{}', key => 'x')$$);
 SELECT sqlstate_of($$SELECT idem_send('t', '{}', ordering_key => '', key => 'x')$$);
 SELECT sqlstate_of($$SELECT idem_send('t', '{}', key => '')$$);
+SELECT sqlstate_of($$SELECT idem_send('t', '{}', ordering_key => repeat('k', 1025), key => 'x')$$);
 SELECT sqlstate_of($$SELECT idem_message_id('k', 'default', -1)$$);
 SELECT sqlstate_of($$SELECT idem_message_id('k', 'default', NULL)$$);
 

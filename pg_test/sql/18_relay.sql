@@ -66,14 +66,44 @@ BEGIN;
 SELECT payload->>'step' AS step FROM idem_outbox_take(100) WHERE ordering_key = 'order-1';
 ROLLBACK;
 
--- Requeued, it is pending again from scratch.
+-- Requeued, it is pending again from scratch, behind the messages of its key so far: it
+-- joins the tail, as a new send would (at its old place it would be the head of a key that a
+-- relay may be holding).
 SELECT idem_outbox_requeue(idem_message_id('order-1-step-2', 'default', 0)) AS requeued,
        idem_outbox_requeue(idem_message_id('order-1-step-2', 'default', 0)) AS requeued_twice;
 SELECT attempts, retry_at, set_aside_at FROM idempotency.outbox WHERE id = idem_message_id('order-1-step-2', 'default', 0);
+BEGIN;
+SELECT payload->>'step' AS step FROM idem_outbox_take(100) WHERE ordering_key = 'order-1';
+ROLLBACK;
+
+-- A key's messages stop at its first one that is not due: step 1 of order-3 failed with no
+-- wait, step 2 with an hour's; the relay gets step 1 alone.
+BEGIN;
+SELECT idem_outbox_failed(idem_message_id('order-3-step-1', 'default', 0), 'timeout', '0') AS outcome;
+SELECT idem_outbox_failed(idem_message_id('order-3-step-2', 'default', 0), 'timeout', '1 hour') AS outcome;
+COMMIT;
+BEGIN;
+SELECT payload->>'step' AS step FROM idem_outbox_take(100) WHERE ordering_key = 'order-3';
+ROLLBACK;
+
+-- Relays run at READ COMMITTED: at REPEATABLE READ a message another relay marked since the
+-- snapshot would raise 40001 when locked.
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT sqlstate_of($$SELECT * FROM idem_outbox_take()$$);
+ROLLBACK;
+
+-- A cached sequence would number one key's messages out of commit order: relays refuse it.
+ALTER SEQUENCE idempotency.outbox_seq CACHE 20;
+BEGIN;
+SELECT sqlstate_of($$SELECT * FROM idem_outbox_take()$$);
+ROLLBACK;
+ALTER SEQUENCE idempotency.outbox_seq CACHE 1;
 
 -- Bad arguments.
 BEGIN;
 SELECT sqlstate_of($$SELECT * FROM idem_outbox_take(0)$$);
+SELECT sqlstate_of($$SELECT * FROM idem_outbox_take(NULL)$$);
+SELECT sqlstate_of($$SELECT idem_outbox_sent(ARRAY[NULL]::uuid[])$$);
 SELECT sqlstate_of($$SELECT idem_outbox_sent(NULL)$$);
 SELECT sqlstate_of($$SELECT idem_outbox_failed(NULL, 'x')$$);
 SELECT sqlstate_of($$SELECT idem_outbox_failed(gen_random_uuid(), 'x', '-1 s')$$);

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::PublishErrorKind;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{Confirmation, PublisherConfirm};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{Confirmation, PublisherConfirm};
 
 /// A message as idem_outbox_take hands it out.
 pub struct Message {
@@ -163,7 +163,13 @@ impl Brokers {
                 let channel = self.rabbit().await?;
                 let options = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
                 let confirm = channel
-                    .basic_publish(exchange, ShortString::from(message.topic.as_str()), options, message.payload.as_bytes(), properties)
+                    .basic_publish(
+                        exchange,
+                        ShortString::from(message.topic.as_str()),
+                        options,
+                        message.payload.as_bytes(),
+                        properties,
+                    )
                     .await
                     .map_err(|e| format!("RabbitMQ: publish: {e}"))?;
                 Ok(Ok(Pending::Rabbit(confirm)))
@@ -177,7 +183,7 @@ impl Brokers {
                 let js = self.nats().await?;
                 match js.publish_with_headers(message.topic.clone(), map, message.payload.clone().into()).await {
                     Ok(ack) => Ok(Ok(Pending::Nats(ack))),
-                    Err(e) => nats_refusal(e.kind(), &e).map(|o| Err(o)),
+                    Err(e) => nats_refusal(e.kind(), &e).map(Err),
                 }
             }
         }

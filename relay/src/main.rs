@@ -152,13 +152,21 @@ async fn relay_batch(
             Some(Outcome::Sent) => sent.push(message.id.clone()),
             Some(Outcome::Failed(reason)) => {
                 let state: String = db
-                    .query_one(FAILED, &[&message.id, &reason, &retry_after(args, message.attempts), &args.max_attempts])
+                    .query_one(
+                        FAILED,
+                        &[&message.id, &reason, &retry_after(args, message.attempts), &args.max_attempts],
+                    )
                     .await?
                     .get(0);
                 progress.failed += 1;
                 if state == "set aside" {
                     progress.set_aside += 1;
-                    log(format!("set aside message {} ({}) after {} attempts: {reason}", message.id, message.topic, message.attempts + 1));
+                    log(format!(
+                        "set aside message {} ({}) after {} attempts: {reason}",
+                        message.id,
+                        message.topic,
+                        message.attempts + 1
+                    ));
                 }
             }
             // Behind a failure of its key: stays pending, untouched.
@@ -173,7 +181,13 @@ async fn relay_batch(
 
 async fn run(args: Args, stop: Arc<AtomicBool>) -> Result<(), String> {
     let db = connect(&args.database_url).await.map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
-    let mut brokers = Brokers::new(&args.routes, &args.amqp_url, &args.amqp_exchange, &args.nats_url, Duration::from_millis(args.confirm_timeout_ms))?;
+    let mut brokers = Brokers::new(
+        &args.routes,
+        &args.amqp_url,
+        &args.amqp_exchange,
+        &args.nats_url,
+        Duration::from_millis(args.confirm_timeout_ms),
+    )?;
     let mut progress = Progress::default();
     let (mut last_log, mut last_relayed) = (Instant::now(), 0u64);
     let mut backoff = Duration::ZERO;
@@ -213,7 +227,8 @@ async fn main() -> ExitCode {
     {
         let stop = stop.clone();
         tokio::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
             tokio::select! {
                 _ = term.recv() => {}
                 _ = tokio::signal::ctrl_c() => {}
@@ -230,4 +245,3 @@ async fn main() -> ExitCode {
         }
     }
 }
-

@@ -96,9 +96,9 @@ impl Drop for Database {
 struct Relay(Child);
 
 impl Relay {
-    fn start(dbname: &str, amqp_url: &str, routes: &str) -> Relay {
+    fn start(name: &str, dbname: &str, amqp_url: &str, routes: &str) -> Relay {
         let child = Command::new(env!("CARGO_BIN_EXE_idempotency-relay"))
-            .env("DATABASE_URL", pg_url(dbname))
+            .env("DATABASE_URL", format!("{} application_name={name}", pg_url(dbname)))
             .env("AMQP_URL", amqp_url)
             .env("NATS_URL", env_or("NATS_URL", "nats://127.0.0.1:4222"))
             .env("RELAY_ROUTES", routes)
@@ -161,7 +161,13 @@ async fn apply(db: &Client, id: &str, topic: &str, payload: &[u8], seen: &Mutex<
     new
 }
 
-async fn consume_rabbit(amqp_url: String, queue: String, dbname: String, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool>) {
+async fn consume_rabbit(
+    amqp_url: String,
+    queue: String,
+    dbname: String,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+) {
     let db = pg(&dbname).await;
     let connection = Connection::connect(&amqp_url, ConnectionProperties::default()).await.unwrap();
     let channel = connection.create_channel().await.unwrap();
@@ -171,7 +177,9 @@ async fn consume_rabbit(amqp_url: String, queue: String, dbname: String, seen: A
         .await
         .unwrap();
     while !stop.load(Ordering::SeqCst) {
-        let Ok(Some(delivery)) = tokio::time::timeout(Duration::from_millis(200), consumer.next()).await else { continue };
+        let Ok(Some(delivery)) = tokio::time::timeout(Duration::from_millis(200), consumer.next()).await else {
+            continue;
+        };
         let delivery = delivery.unwrap();
         let id = delivery.properties.message_id().as_ref().expect("message_id").to_string();
         apply(&db, &id, &queue, &delivery.data, &seen).await;
@@ -194,7 +202,9 @@ async fn consume_nats(stream: String, subject: String, dbname: String, seen: Arc
         .unwrap();
     let mut messages = consumer.messages().await.unwrap();
     while !stop.load(Ordering::SeqCst) {
-        let Ok(Some(message)) = tokio::time::timeout(Duration::from_millis(200), messages.next()).await else { continue };
+        let Ok(Some(message)) = tokio::time::timeout(Duration::from_millis(200), messages.next()).await else {
+            continue;
+        };
         let message = message.unwrap();
         let id = message
             .headers
@@ -205,6 +215,18 @@ async fn consume_nats(stream: String, subject: String, dbname: String, seen: Arc
         apply(&db, &id, &subject, &message.payload, &seen).await;
         message.ack().await.unwrap();
     }
+}
+
+/// A durable queue for the test, and the connection and channel that declared it. Broker
+/// objects are the operator's: the test declares them, the relay never does.
+async fn declare_queue(amqp_url: &str, queue: &str) -> (Connection, lapin::Channel) {
+    let rabbit = Connection::connect(amqp_url, ConnectionProperties::default()).await.unwrap();
+    let admin = rabbit.create_channel().await.unwrap();
+    admin
+        .queue_declare(queue.into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
+        .await
+        .unwrap();
+    (rabbit, admin)
 }
 
 async fn count(db: &Client, sql: &str) -> i64 {
@@ -238,11 +260,9 @@ async fn ten_thousand_messages_four_relays_one_killed() {
     let database = Database::create(&unique("idem_e2e")).await;
     let db = pg(&database.name).await;
 
-    // Broker objects are the operator's: the test declares them, the relay does not.
-    let rabbit = Connection::connect(&amqp_url, ConnectionProperties::default()).await.unwrap();
-    let admin = rabbit.create_channel().await.unwrap();
-    admin.queue_declare(queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await.unwrap();
-    let js = async_nats::jetstream::new(async_nats::connect(env_or("NATS_URL", "nats://127.0.0.1:4222")).await.unwrap());
+    let (_rabbit, admin) = declare_queue(&amqp_url, &queue).await;
+    let js =
+        async_nats::jetstream::new(async_nats::connect(env_or("NATS_URL", "nats://127.0.0.1:4222")).await.unwrap());
     js.create_stream(async_nats::jetstream::stream::Config {
         name: stream.clone(),
         subjects: vec![subject.clone()],
@@ -255,11 +275,18 @@ async fn ten_thousand_messages_four_relays_one_killed() {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let consumers = [
-        tokio::spawn(consume_rabbit(amqp_url.clone(), queue.clone(), database.name.clone(), seen.clone(), stop.clone())),
+        tokio::spawn(consume_rabbit(
+            amqp_url.clone(),
+            queue.clone(),
+            database.name.clone(),
+            seen.clone(),
+            stop.clone(),
+        )),
         tokio::spawn(consume_nats(stream.clone(), subject.clone(), database.name.clone(), seen.clone(), stop.clone())),
     ];
     let routes = format!("{queue}=rabbitmq,{subject}=nats");
-    let mut relays: Vec<Relay> = (0..4).map(|_| Relay::start(&database.name, &amqp_url, &routes)).collect();
+    let mut relays: Vec<Relay> =
+        (0..4).map(|i| Relay::start(&format!("e2e-relay-{i}"), &database.name, &amqp_url, &routes)).collect();
 
     // Senders commit while the relays run: keys 0..99 go to RabbitMQ, 100..199 to NATS; each
     // transaction sends the next message of 20 keys.
@@ -287,11 +314,21 @@ async fn ten_thousand_messages_four_relays_one_killed() {
     };
 
     wait_for("2,000 messages applied", async || count(&db, "SELECT count(*) FROM applied").await >= 2000).await;
-    let killed = relays.remove(0);
-    drop(killed); // SIGKILL, mid-stream
+    // SIGKILL while relay 0 holds a batch: its transaction open, publishing.
+    wait_for("relay 0 holding a batch", async || {
+        count(&db, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'e2e-relay-0' AND state = 'idle in transaction'").await > 0
+    })
+    .await;
+    drop(relays.remove(0));
     sender.await.unwrap();
-    wait_for("all 10,000 messages applied", async || count(&db, "SELECT count(*) FROM applied").await >= (KEYS * PER_KEY) as i64).await;
-    wait_for("every message marked sent", async || count(&db, "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL").await == 0).await;
+    wait_for("all 10,000 messages applied", async || {
+        count(&db, "SELECT count(*) FROM applied").await >= (KEYS * PER_KEY) as i64
+    })
+    .await;
+    wait_for("every message marked sent", async || {
+        count(&db, "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL").await == 0
+    })
+    .await;
     for relay in relays {
         assert!(relay.stop().success(), "a relay exited with an error on SIGTERM");
     }
@@ -301,16 +338,21 @@ async fn ten_thousand_messages_four_relays_one_killed() {
         c.await.unwrap();
     }
 
-    assert_eq!(count(&db, "SELECT count(*) FROM applied").await, (KEYS * PER_KEY) as i64, "each message applied exactly once");
-    let seen = seen.lock().unwrap();
-    assert_in_order(&seen, KEYS, PER_KEY);
-    eprintln!(
-        "e2e: {} messages over {KEYS} keys applied once each, in order; {} deliveries, {} duplicates dropped by the consumer's claim",
-        KEYS * PER_KEY,
-        seen.deliveries,
-        seen.duplicates
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM applied").await,
+        (KEYS * PER_KEY) as i64,
+        "each message applied exactly once"
     );
-    drop(seen);
+    {
+        let seen = seen.lock().unwrap();
+        assert_in_order(&seen, KEYS, PER_KEY);
+        eprintln!(
+            "e2e: {} messages over {KEYS} keys applied once each, in order; {} deliveries, {} duplicates dropped by the consumer's claim",
+            KEYS * PER_KEY,
+            seen.deliveries,
+            seen.duplicates
+        );
+    }
 
     admin.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
     js.delete_stream(&stream).await.unwrap();
@@ -340,7 +382,8 @@ impl Proxy {
                 }
                 let Ok(server) = TcpStream::connect(&target) else { continue };
                 s.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
-                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
                     std::thread::spawn(move || {
                         let mut buf = [0u8; 16384];
                         while let Ok(n) = from.read(&mut buf) {
@@ -375,14 +418,12 @@ async fn a_broker_outage_marks_nothing() {
     let queue = unique("idem_e2e_outage");
     let database = Database::create(&unique("idem_e2e_outage")).await;
     let db = pg(&database.name).await;
-    let rabbit = Connection::connect(&amqp_url, ConnectionProperties::default()).await.unwrap();
-    let admin = rabbit.create_channel().await.unwrap();
-    admin.queue_declare(queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await.unwrap();
+    let (rabbit, admin) = declare_queue(&amqp_url, &queue).await;
 
     let broker = amqp_url.rsplit('@').next().unwrap().trim_end_matches('/').to_string();
     let proxy = Proxy::start(broker.clone());
     let proxied = amqp_url.replace(&broker, &format!("127.0.0.1:{}", proxy.port));
-    let relay = Relay::start(&database.name, &proxied, &format!("{queue}=rabbitmq"));
+    let relay = Relay::start("e2e-outage-relay", &database.name, &proxied, &format!("{queue}=rabbitmq"));
 
     let send = async |from: i64, to: i64| {
         db.execute(
@@ -393,7 +434,10 @@ async fn a_broker_outage_marks_nothing() {
         .unwrap();
     };
     send(0, MESSAGES / 2).await;
-    wait_for("the first half sent", async || count(&db, "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL").await == 0).await;
+    wait_for("the first half sent", async || {
+        count(&db, "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL").await == 0
+    })
+    .await;
 
     proxy.cut();
     send(MESSAGES / 2, MESSAGES).await;
@@ -405,14 +449,19 @@ async fn a_broker_outage_marks_nothing() {
     assert_eq!(failed, 0, "an outage is not a message's failure");
 
     proxy.restore();
-    wait_for("everything sent after the outage", async || count(&db, "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL").await == 0).await;
+    wait_for("everything sent after the outage", async || {
+        count(&db, "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL").await == 0
+    })
+    .await;
     assert!(relay.stop().success());
 
     // Everything reached the queue; repeats (published before a cut, unconfirmed) carry the
     // same message id, and there are none missing.
     let channel = rabbit.create_channel().await.unwrap();
     let mut ids = std::collections::HashSet::new();
-    while let Some(message) = channel.basic_get(queue.as_str().into(), lapin::options::BasicGetOptions { no_ack: true }).await.unwrap() {
+    while let Some(message) =
+        channel.basic_get(queue.as_str().into(), lapin::options::BasicGetOptions { no_ack: true }).await.unwrap()
+    {
         ids.insert(message.delivery.properties.message_id().as_ref().unwrap().to_string());
     }
     assert_eq!(ids.len() as i64, MESSAGES, "every message reached the queue");

@@ -13,7 +13,7 @@ use common::{ok, test_db, TestDb, WAIT_LIMIT};
 use postgres::Client;
 
 fn db() -> &'static TestDb {
-    test_db("outbox", "CREATE TABLE commits (sender int, n int, seq_at_commit bigint)")
+    test_db("outbox", "CREATE SEQUENCE commit_rank; CREATE TABLE commits (m text PRIMARY KEY, rank bigint NOT NULL)")
 }
 
 const SENDERS: usize = 4;
@@ -119,15 +119,10 @@ fn four_relays_keep_each_keys_commit_order() {
                         ),
                         "send",
                     );
-                    // The commit order of the key's senders, as the senders see it: each one
-                    // records its message under the key's lock, which it holds until COMMIT.
-                    ok(
-                        c.execute(
-                            "INSERT INTO commits SELECT $1, $2, seq FROM idempotency.outbox WHERE id = idem_message_id($3, 'default', 0)",
-                            &[&(s as i32), &(n as i32), &m],
-                        ),
-                        "record",
-                    );
+                    // The commit order, independent of the outbox's seq: a rank drawn as the
+                    // transaction's last statement, under the key's lock, which it holds until
+                    // COMMIT, so a key's ranks follow its commits.
+                    ok(c.execute("INSERT INTO commits VALUES ($1, nextval('commit_rank'))", &[&m]), "rank");
                     ok(c.batch_execute("COMMIT"), "sender COMMIT");
                 }
             })
@@ -148,11 +143,24 @@ fn four_relays_keep_each_keys_commit_order() {
     let total: i64 = ok(c.query_one("SELECT count(*) FROM idempotency.outbox", &[]), "total").get(0);
     assert_eq!(total as usize, SENDERS * MESSAGES_PER_SENDER);
 
-    // Each key's commit order: seq order of its messages.
+    // Each key's commit order, by the senders' ranks; the outbox's seq must agree with it.
     let mut order: HashMap<String, Vec<String>> = HashMap::new();
-    for row in ok(c.query("SELECT ordering_key, payload->>'m' FROM idempotency.outbox ORDER BY seq", &[]), "order") {
+    for row in ok(
+        c.query(
+            "SELECT o.ordering_key, c.m FROM commits AS c JOIN idempotency.outbox AS o \
+             ON o.id = idem_message_id(c.m, 'default', 0) ORDER BY c.rank",
+            &[],
+        ),
+        "commit order",
+    ) {
         order.entry(row.get(0)).or_default().push(row.get(1));
     }
+    let mut by_seq: HashMap<String, Vec<String>> = HashMap::new();
+    for row in ok(c.query("SELECT ordering_key, payload->>'m' FROM idempotency.outbox ORDER BY seq", &[]), "seq order")
+    {
+        by_seq.entry(row.get(0)).or_default().push(row.get(1));
+    }
+    assert_eq!(by_seq, order, "the outbox's seq orders each key's messages as their transactions committed");
     // A key's publications, first publication of each message only, must follow that order,
     // and a message may be published again only by a relay after one that died holding it.
     let published = published.lock().unwrap();
