@@ -282,3 +282,25 @@ fn nats_refusal(kind: PublishErrorKind, error: &dyn std::fmt::Display) -> Result
         _ => Err(format!("NATS: {error}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_prefix_wins() {
+        let routes: Vec<Route> =
+            ["=nats", "orders.=rabbitmq", "orders.eu.=nats"].iter().map(|r| r.parse().unwrap()).collect();
+        let url = Some("x".to_string());
+        let brokers = Brokers::new(&routes, &url, "", &url, Duration::from_secs(1)).unwrap();
+        assert_eq!(brokers.route("orders.paid"), Some(Kind::RabbitMq));
+        assert_eq!(brokers.route("orders.eu.paid"), Some(Kind::Nats));
+        assert_eq!(brokers.route("audit"), Some(Kind::Nats));
+        let only_orders = Brokers::new(&routes[1..2], &url, "", &None, Duration::from_secs(1)).unwrap();
+        assert_eq!(only_orders.route("audit"), None);
+        assert!(
+            Brokers::new(&routes, &None, "", &url, Duration::from_secs(1)).is_err(),
+            "rabbitmq routed without --amqp-url"
+        );
+    }
+}

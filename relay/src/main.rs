@@ -245,3 +245,40 @@ async fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn flags_are_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn routes_parse_and_refuse_unknown_brokers() {
+        let args = Args::try_parse_from([
+            "relay",
+            "--database-url",
+            "x",
+            "--amqp-url",
+            "a",
+            "--route",
+            "orders.=rabbitmq,=nats",
+        ])
+        .expect("two routes");
+        assert_eq!(args.routes.len(), 2);
+        assert!(Args::try_parse_from(["relay", "--database-url", "x", "--route", "orders.=kafka"]).is_err());
+        assert!(Args::try_parse_from(["relay", "--database-url", "x", "--route", "no-broker"]).is_err());
+    }
+
+    #[test]
+    fn retries_back_off_to_ten_minutes() {
+        let args = Args::try_parse_from(["relay", "--database-url", "x", "--route", "=nats"]).unwrap();
+        assert_eq!(retry_after(&args, 0), "1000 milliseconds");
+        assert_eq!(retry_after(&args, 3), "8000 milliseconds");
+        assert_eq!(retry_after(&args, 30), "600000 milliseconds");
+    }
+}
