@@ -2,7 +2,7 @@
 -- and the two versioned-update tables refilled with the same 10000 rows at version 0, so
 -- neither contender meets more stale versions or more dead tuples than the other; then a
 -- fresh checkpoint. psql runs each statement on its own, as VACUUM needs.
-TRUNCATE idempotency.ledger, hand_ledger, plpgsql_ledger, vm_hand, vm_ext;
+TRUNCATE idempotency.ledger, hand_ledger, plpgsql_ledger, vm_hand, vm_ext, idempotency.outbox, hand_outbox, biz_ext, biz_hand;
 INSERT INTO vm_hand (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, 10000) AS g;
 INSERT INTO vm_ext (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, 10000) AS g;
 VACUUM ANALYZE vm_hand, vm_ext;

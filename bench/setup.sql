@@ -38,3 +38,18 @@ CREATE TABLE vm_ext (
     status  text   NOT NULL,
     version bigint NOT NULL
 );
+
+-- Outbox sends: "send_ext" writes through idem_send, "send_hand" into the outbox table a user
+-- would write by hand (#11's reference, with the same wake-up as the extension: none, relays
+-- poll). Each writes its business row to a table of its own.
+CREATE TABLE hand_outbox (
+    id           uuid PRIMARY KEY,
+    topic        text NOT NULL,
+    ordering_key text,
+    payload      jsonb NOT NULL,
+    headers      jsonb,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX hand_outbox_topic_created ON hand_outbox (topic, created_at);
+CREATE TABLE biz_ext (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, entity int NOT NULL, amount numeric NOT NULL);
+CREATE TABLE biz_hand (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, entity int NOT NULL, amount numeric NOT NULL);

@@ -20,10 +20,10 @@ CREATE TABLE idempotency.outbox (
     payload      pg_catalog.jsonb       NOT NULL,
     headers      pg_catalog.jsonb,
     last_error   pg_catalog.text,
-    CONSTRAINT outbox_pkey PRIMARY KEY (id),
-    CONSTRAINT outbox_seq_key UNIQUE (seq)
+    CONSTRAINT outbox_pkey PRIMARY KEY (id)
 );
--- What relays search: the pending messages, by ordering key and then in order.
+-- What relays search: the pending messages, by ordering key and then in order. (seq has no
+-- index of its own: the sequence keeps it unique, and every send would pay for one.)
 CREATE INDEX outbox_pending ON idempotency.outbox (ordering_key, seq)
     WHERE sent_at IS NULL AND set_aside_at IS NULL;
 COMMENT ON TABLE idempotency.outbox IS
@@ -81,8 +81,8 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-  heads int8[];
-  followers int8[];
+  heads uuid[];
+  followers uuid[];
 BEGIN
   PERFORM idempotency.require_transaction_block('idem_outbox_take');
   IF batch_size IS NULL THEN
@@ -110,24 +110,24 @@ BEGIN
   -- ordering key, oldest first, once due; locked, skipping any another relay holds. Only a
   -- head is ever taken this way, so whoever holds a key's head holds the key.
   heads := ARRAY(
-    SELECT o.seq FROM idempotency.outbox AS o
+    SELECT o.id FROM idempotency.outbox AS o
     WHERE o.sent_at IS NULL AND o.set_aside_at IS NULL
       AND (o.retry_at IS NULL OR o.retry_at <= clock_timestamp())
-      AND (o.ordering_key IS NULL OR o.seq IN (
-            SELECT DISTINCT ON (h.ordering_key) h.seq FROM idempotency.outbox AS h
+      AND (o.ordering_key IS NULL OR (o.ordering_key, o.seq) IN (
+            SELECT DISTINCT ON (h.ordering_key) h.ordering_key, h.seq FROM idempotency.outbox AS h
             WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key IS NOT NULL
             ORDER BY h.ordering_key, h.seq))
     ORDER BY o.seq
     LIMIT batch_size
     FOR UPDATE SKIP LOCKED);
   -- Behind the heads it holds, the next messages of the same keys, in order, to fill the
-  -- batch. Nobody else takes them: no other relay holds their key's head.
-  -- A key's followers end before its first message that is not due yet (one that failed).
+  -- batch. Nobody else takes them: no other relay holds their key's head. A key's followers
+  -- end before its first message that is not due yet (one that failed).
   followers := ARRAY(
-    SELECT f.seq FROM idempotency.outbox AS f
-    WHERE f.ordering_key IN (SELECT o.ordering_key FROM idempotency.outbox AS o WHERE o.seq = ANY (heads))
+    SELECT f.id FROM idempotency.outbox AS f
+    WHERE f.ordering_key IN (SELECT o.ordering_key FROM idempotency.outbox AS o WHERE o.id = ANY (heads))
       AND f.sent_at IS NULL AND f.set_aside_at IS NULL
-      AND f.seq <> ALL (heads)
+      AND f.id <> ALL (heads)
       AND NOT EXISTS (
             SELECT FROM idempotency.outbox AS w
             WHERE w.ordering_key = f.ordering_key AND w.seq <= f.seq
@@ -138,7 +138,7 @@ BEGIN
   RETURN QUERY
     SELECT o.id, o.topic, o.ordering_key, o.payload, o.headers, o.attempts, o.created_at
     FROM idempotency.outbox AS o
-    WHERE o.seq = ANY (heads || followers)
+    WHERE o.id = ANY (heads || followers)
     ORDER BY o.seq;
 END
 $$;
