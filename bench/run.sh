@@ -335,6 +335,18 @@ echo "retention index: none. The purge walks the heap by TID ranges, so claims m
 echo "  index for retention: throughput with it = without it (1.00 by construction), and the"
 echo "  bytes per key above already are the bytes per key with retention."
 echo
+# --- outbox drain rate -------------------------------------------------------------------
+# idempotency-relay against a hand-written SKIP LOCKED relay, to the machine's RabbitMQ
+# (bench/drain.sh); skipped, and said so, where no RabbitMQ answers.
+if (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; then
+  BENCH_DBNAME=$BENCH_DBNAME bash "$HERE/drain.sh" | tee "${TMPDIR:-/tmp}/idem_bench_drain.$$"
+  DRAIN_SUMMARY=$(grep '^drain,' "${TMPDIR:-/tmp}/idem_bench_drain.$$" || true)
+  rm -f "${TMPDIR:-/tmp}/idem_bench_drain.$$"
+else
+  DRAIN_SUMMARY="drain: skipped, no RabbitMQ at 127.0.0.1:5672"
+fi
+echo
+
 # --- summary -----------------------------------------------------------------------------
 echo "== summary ($BENCH_ROUNDS rounds x ${BENCH_SECONDS}s, $BENCH_CLIENTS clients; latency: median of the rounds' means; ratio: median of the rounds' ratios) =="
 awk -v ext="${MED[claims:claim_ext]}" -v hand="${MED[claims:claim_hand]}" -v plp="${MED[claims:claim_plpgsql]}" \
@@ -367,3 +379,4 @@ BEGIN {
   miss = (r < 1.0) + (rp < 1.0) + (x < 10) + (br > 0.70) + (vr < 0.90) + (pr < 0.80) + (sr < 0.95)
   printf "targets: %d PASS, %d MISS%s\n", 8 - miss, miss, miss ? "   <-- MISS (informational; exit status stays 0)" : ""
 }'
+echo "$DRAIN_SUMMARY"

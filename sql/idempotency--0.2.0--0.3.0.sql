@@ -108,15 +108,30 @@ BEGIN
   END IF;
   -- Messages without an ordering key, and the first pending message (the head) of each
   -- ordering key, oldest first, once due; locked, skipping any another relay holds. Only a
-  -- head is ever taken this way, so whoever holds a key's head holds the key.
+  -- head is ever taken this way, so whoever holds a key's head holds the key. The heads are
+  -- found by skipping through the pending index from one key to the next (a recursive
+  -- query), so a take costs one index probe per key with pending messages, however many
+  -- messages each key has waiting.
   heads := ARRAY(
+    WITH RECURSIVE head AS (
+      (SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
+       WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key IS NOT NULL
+       ORDER BY h.ordering_key, h.seq LIMIT 1)
+      UNION ALL
+      SELECT n.ordering_key, n.id FROM head AS p CROSS JOIN LATERAL (
+        SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
+        WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key > p.ordering_key
+        ORDER BY h.ordering_key, h.seq LIMIT 1) AS n
+    ), keyless AS (
+      -- Room for the messages other relays hold, which the lock below skips.
+      SELECT k.id FROM idempotency.outbox AS k
+      WHERE k.ordering_key IS NULL AND k.sent_at IS NULL AND k.set_aside_at IS NULL
+      ORDER BY k.seq LIMIT batch_size * 8
+    )
     SELECT o.id FROM idempotency.outbox AS o
-    WHERE o.sent_at IS NULL AND o.set_aside_at IS NULL
+    WHERE o.id IN (SELECT head.id FROM head UNION ALL SELECT keyless.id FROM keyless)
+      AND o.sent_at IS NULL AND o.set_aside_at IS NULL
       AND (o.retry_at IS NULL OR o.retry_at <= clock_timestamp())
-      AND (o.ordering_key IS NULL OR (o.ordering_key, o.seq) IN (
-            SELECT DISTINCT ON (h.ordering_key) h.ordering_key, h.seq FROM idempotency.outbox AS h
-            WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key IS NOT NULL
-            ORDER BY h.ordering_key, h.seq))
     ORDER BY o.seq
     LIMIT batch_size
     FOR UPDATE SKIP LOCKED);

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Drain rate to RabbitMQ: idempotency-relay against the hand-written SKIP LOCKED relay
+# (relay/examples/hand_relay.rs: same batch size, same publisher confirms), with 1 and with 4
+# relays. Each round fills the outbox with DRAIN_MESSAGES messages over 200 ordering keys,
+# starts the relays, and times them until nothing is pending; the contenders alternate round by
+# round and the summary takes the median. Run by bench/run.sh (inside its cluster: PGHOST,
+# PGPORT, PGUSER are set), after the pgbench contenders.
+#
+#   DRAIN_MESSAGES (default 20000), DRAIN_ROUNDS (default 3), AMQP_URL (the machine's RabbitMQ)
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DRAIN_MESSAGES=${DRAIN_MESSAGES:-20000}
+DRAIN_ROUNDS=${DRAIN_ROUNDS:-3}
+AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672}
+BATCH=100
+DB=${BENCH_DBNAME:-idem_bench}
+DATABASE_URL="host=${PGHOST:-127.0.0.1} port=${PGPORT:-5432} user=${PGUSER:-postgres} dbname=$DB${PGPASSWORD:+ password=$PGPASSWORD}"
+
+cargo build --release -q -p idempotency-relay --bin idempotency-relay --example hand_relay --example queue
+BIN=$(cd "$HERE/.." && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
+QUEUE=idem_bench_drain_$$
+"$BIN/examples/queue" "$AMQP_URL" declare "$QUEUE"
+RELAYS=()
+cleanup() {
+  for p in "${RELAYS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  "$BIN/examples/queue" "$AMQP_URL" delete "$QUEUE" || true
+}
+trap cleanup EXIT
+
+sql() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$DB" -c "$1"; }
+fill() {  # fill ext|hand
+  sql "TRUNCATE idempotency.outbox, hand_outbox"
+  if [ "$1" = ext ]; then
+    sql "SELECT count(idem_send('$QUEUE', jsonb_build_object('amount', 10, 'n', n), ordering_key => 'order-' || (n % 200), key => 'drain-' || n)) FROM generate_series(1, $DRAIN_MESSAGES) AS n" >/dev/null
+  else
+    sql "INSERT INTO hand_outbox (id, topic, ordering_key, payload) SELECT gen_random_uuid(), '$QUEUE', 'order-' || (n % 200), jsonb_build_object('amount', 10, 'n', n) FROM generate_series(1, $DRAIN_MESSAGES) AS n"
+  fi
+  sql "VACUUM ANALYZE idempotency.outbox" ; sql "VACUUM ANALYZE hand_outbox"
+  "$BIN/examples/queue" "$AMQP_URL" purge "$QUEUE"
+}
+pending() {  # pending ext|hand
+  if [ "$1" = ext ]; then sql "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL"; else sql "SELECT count(*) FROM hand_outbox"; fi
+}
+drain() {  # drain ext|hand RELAYS: prints messages per second
+  local start end i
+  fill "$1"
+  RELAYS=()
+  start=$(date +%s.%N)
+  for ((i = 0; i < $2; i++)); do
+    if [ "$1" = ext ]; then
+      "$BIN/idempotency-relay" --database-url "$DATABASE_URL" --amqp-url "$AMQP_URL" --route "$QUEUE=rabbitmq" \
+        --batch-size $BATCH --log-every-s 3600 2>/dev/null &
+    else
+      "$BIN/examples/hand_relay" "$DATABASE_URL" "$AMQP_URL" $BATCH &
+    fi
+    RELAYS+=($!)
+  done
+  while [ "$(pending "$1")" != 0 ]; do sleep 0.02; done
+  end=$(date +%s.%N)
+  for p in "${RELAYS[@]}"; do kill -TERM "$p"; done
+  wait "${RELAYS[@]}" 2>/dev/null || true
+  RELAYS=()
+  awk -v n="$DRAIN_MESSAGES" -v s="$start" -v e="$end" 'BEGIN { printf "%.0f", n / (e - s) }'
+}
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END { if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2] + v[NR/2+1]) / 2 }'; }
+
+echo "-- drain to RabbitMQ: $DRAIN_MESSAGES messages over 200 ordering keys, batches of $BATCH, publisher confirms, $DRAIN_ROUNDS alternating rounds --"
+for relays in 1 4; do
+  ext_rates='' hand_rates='' ratios=''
+  for ((r = 1; r <= DRAIN_ROUNDS; r++)); do
+    e=$(drain ext $relays); h=$(drain hand $relays)
+    ext_rates+=" $e" hand_rates+=" $h" ratios+=" $(awk -v a="$e" -v b="$h" 'BEGIN { printf "%.3f", a / b }')"
+    echo "  $relays relay(s), round $r: idempotency-relay $e msg/s, hand-written SKIP LOCKED $h msg/s"
+  done
+  em=$(echo "$ext_rates" | median); hm=$(echo "$hand_rates" | median); rm_=$(echo "$ratios" | median)
+  verdict=$(awk -v x="$rm_" 'BEGIN { print (x >= 1.0) ? "PASS" : "MISS" }')
+  printf 'drain, %d relay(s): idempotency-relay %.0f msg/s, hand %.0f msg/s, ratio %.2f (rounds:%s)   target >= 1.00   %s\n' \
+    "$relays" "$em" "$hm" "$rm_" "$ratios" "$verdict"
+done
