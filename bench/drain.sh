@@ -16,8 +16,9 @@ BATCH=100
 DB=${BENCH_DBNAME:-idem_bench}
 DATABASE_URL="host=${PGHOST:-127.0.0.1} port=${PGPORT:-5432} user=${PGUSER:-postgres} dbname=$DB${PGPASSWORD:+ password=$PGPASSWORD}"
 
-cargo build --release -q -p idempotency-relay --bin idempotency-relay --example hand_relay --example queue
-BIN=$(cd "$HERE/.." && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
+PROFILE=${RELAY_PROFILE:-release}   # debug for make test's short run, which has built it
+cargo build $([ "$PROFILE" = release ] && echo --release) -q -p idempotency-relay --bin idempotency-relay --example hand_relay --example queue
+BIN=$(cd "$HERE/.." && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$PROFILE
 QUEUE=idem_bench_drain_$$
 "$BIN/examples/queue" "$AMQP_URL" declare "$QUEUE"
 RELAYS=()

@@ -124,7 +124,7 @@ echo
 declare -A RUN=(
   [claims]="claim_hand.sql claim_ext.sql claim_plpgsql.sql claim_hand_returning.sql"
   [versioned]="vupdate_hand.sql vupdate_ext.sql"
-  [send]="send_hand.sql send_ext.sql"
+  [send]="send_hand.sql send_ext.sql send_notify.sql"
 )
 RUNS=(claims batch versioned send)
 declare -A LAT=()     # run:script -> space-separated mean latency (µs) of each round
@@ -231,7 +231,8 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
         line+=$(printf '  vupdate_hand %.1f vupdate_ext %.1f |' "${mean[vupdate_hand]}" "${mean[vupdate_ext]}") ;;
       send)
         RATIOS[send]+=" $(ratio "${mean[send_hand]}" "${mean[send_ext]}")"
-        line+=$(printf '  send_hand %.1f send_ext %.1f' "${mean[send_hand]}" "${mean[send_ext]}") ;;
+        RATIOS[notify]+=" $(ratio "${mean[send_ext]}" "${mean[send_notify]}")"
+        line+=$(printf '  send_hand %.1f send_ext %.1f send_notify %.1f' "${mean[send_hand]}" "${mean[send_ext]}" "${mean[send_notify]}") ;;
     esac
     unset mean
   done
@@ -244,14 +245,15 @@ for key in "${!LAT[@]}"; do MED[$key]=$(echo "${LAT[$key]}" | median); done
 MED[single]=$(echo "$SINGLE_TPS" | median)
 MED[many]=$(echo "$MANY_TPS" | median)
 echo "ratios within each run (the summary judges their median):"
-for m in claim plpgsql returning many vupdate send; do RATIO[$m]=$(echo "${RATIOS[$m]}" | median); done
+for m in claim plpgsql returning many vupdate send notify; do RATIO[$m]=$(echo "${RATIOS[$m]}" | median); done
 printf '  %-44s per round:%s   median %.3f\n' \
   "idem_claim vs hand INSERT (hand/ext µs):" "${RATIOS[claim]}" "${RATIO[claim]}" \
   "idem_claim vs plpgsql claim (plpgsql/ext µs):" "${RATIOS[plpgsql]}" "${RATIO[plpgsql]}" \
   "idem_claim vs hand INSERT … RETURNING:" "${RATIOS[returning]}" "${RATIO[returning]}" \
   "idem_claim_many keys/s / idem_claim keys/s (tps):" "${RATIOS[many]}" "${RATIO[many]}" \
   "idem_versioned_update vs hand UPDATE:" "${RATIOS[vupdate]}" "${RATIO[vupdate]}" \
-  "claim+insert+idem_send vs hand outbox INSERT:" "${RATIOS[send]}" "${RATIO[send]}"
+  "claim+insert+idem_send vs hand outbox INSERT:" "${RATIOS[send]}" "${RATIO[send]}" \
+  "the same with NOTIFY vs without (ext/notify):" "${RATIOS[notify]}" "${RATIO[notify]}"
 echo
 
 # --- bytes per retained key --------------------------------------------------------------
@@ -335,15 +337,19 @@ echo "retention index: none. The purge walks the heap by TID ranges, so claims m
 echo "  index for retention: throughput with it = without it (1.00 by construction), and the"
 echo "  bytes per key above already are the bytes per key with retention."
 echo
-# --- outbox drain rate -------------------------------------------------------------------
+# --- outbox drain rate and steady load -----------------------------------------------------
 # idempotency-relay against a hand-written SKIP LOCKED relay, to the machine's RabbitMQ
-# (bench/drain.sh); skipped, and said so, where no RabbitMQ answers.
+# (bench/drain.sh), then ten minutes of sends, relays and purges (bench/steady.sh, STEADY_SECONDS);
+# skipped, and said so, where no RabbitMQ answers.
 if (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; then
   BENCH_DBNAME=$BENCH_DBNAME bash "$HERE/drain.sh" | tee "${TMPDIR:-/tmp}/idem_bench_drain.$$"
   DRAIN_SUMMARY=$(grep '^drain,' "${TMPDIR:-/tmp}/idem_bench_drain.$$" || true)
   rm -f "${TMPDIR:-/tmp}/idem_bench_drain.$$"
+  BENCH_DBNAME=$BENCH_DBNAME bash "$HERE/steady.sh" | tee "${TMPDIR:-/tmp}/idem_bench_steady.$$"
+  DRAIN_SUMMARY+=$'\n'$(grep '^steady:' "${TMPDIR:-/tmp}/idem_bench_steady.$$" || true)
+  rm -f "${TMPDIR:-/tmp}/idem_bench_steady.$$"
 else
-  DRAIN_SUMMARY="drain: skipped, no RabbitMQ at 127.0.0.1:5672"
+  DRAIN_SUMMARY="drain and steady load: skipped, no RabbitMQ at 127.0.0.1:5672"
 fi
 echo
 
@@ -354,6 +360,7 @@ awk -v ext="${MED[claims:claim_ext]}" -v hand="${MED[claims:claim_hand]}" -v plp
     -v single="${MED[single]}" -v many="${MED[many]}" \
     -v vext="${MED[versioned:vupdate_ext]}" -v vhand="${MED[versioned:vupdate_hand]}" \
     -v sext="${MED[send:send_ext]}" -v shand="${MED[send:send_hand]}" -v sr="${RATIO[send]}" \
+    -v snot="${MED[send:send_notify]}" -v nr="${RATIO[notify]}" \
     -v r="${RATIO[claim]}" -v rp="${RATIO[plpgsql]}" -v x="${RATIO[many]}" -v vr="${RATIO[vupdate]}" -v pr="${RATIO[purge]}" \
     -v alone="${MED[alone]}" -v beside="${MED[beside]}" -v prate="$PURGE_RATE" -v pkeys="$PURGED" -v ptime="$PURGE_TIME" \
     -v batch="$BATCH" -v er="$EXT_ROWS" -v et="$EXT_TOTAL" -v hr="$HAND_ROWS" -v ht="$HAND_TOTAL" '
@@ -370,6 +377,7 @@ BEGIN {
   printf "%-26s %12.1f %7.2f\n", "hand conditional UPDATE", vhand, 1.0
   printf "%-26s %12.1f %7.2f   %-42s %s\n", "claim + insert + idem_send", sext, sr, ">= 0.95 x with a hand outbox INSERT", verdict(sr >= 0.95)
   printf "%-26s %12.1f %7.2f\n", "claim + insert + hand INSERT", shand, 1.0
+  printf "%-26s %12.1f %7.2f   %s\n", "… + idem_send + NOTIFY", snot, shand / snot, sprintf("NOTIFY costs the send %.0f %% (informational: relays poll)", (1 / nr - 1) * 100)
   bl = et / er; bh = ht / hr; br = bl / bh
   printf "bytes per key: ledger %.1f, hand %.1f, ratio %.2f (target <= 0.70)   %s\n", bl, bh, br, verdict(br <= 0.70)
   printf "purge: %d expired claims in %.2fs = %d claims/s\n", pkeys, ptime, prate

@@ -55,6 +55,11 @@ suite relay "idempotency-relay end to end (RabbitMQ, NATS JetStream)" \
 # Direct writes, statement writes and hand-written SQL on random shapes; any difference fails.
 suite differential "differential tester (short)" \
   cargo run -q --release -p idempotency-differential -- --seed 1 --cases 200
+# make bench's scripts, briefly, so that they cannot rot: every contender runs and every check
+# in them holds; no figure is judged. The relays are the debug build the relay suite made.
+suite bench_smoke "make bench, short form (1 s rounds; figures not judged)" \
+  env BENCH_SECONDS=1 BENCH_ROUNDS=1 PURGE_ROUNDS=1 BENCH_KEYS=2000 PURGE_KEYS=5000 PURGE_SECONDS=1 \
+  DRAIN_MESSAGES=300 DRAIN_ROUNDS=1 STEADY_SECONDS=20 RELAY_PROFILE=debug bash bench/run.sh
 suite dump_restore "pg_dump and restore keep every processed key" bash tests/dump_restore.sh
 suite upgrade "ALTER EXTENSION UPDATE from every release keeps every stored key" bash tests/upgrade.sh
 
