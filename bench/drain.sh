@@ -6,47 +6,32 @@
 # round and the summary takes the median. Run by bench/run.sh (inside its cluster: PGHOST,
 # PGPORT, PGUSER are set), after the pgbench contenders.
 #
-#   DRAIN_MESSAGES (default 20000), DRAIN_ROUNDS (default 3), AMQP_URL (the machine's RabbitMQ)
+#   DRAIN_MESSAGES (default 20000), DRAIN_ROUNDS (default 3); AMQP_URL etc.: see bench/relays.sh
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DRAIN_MESSAGES=${DRAIN_MESSAGES:-20000}
 DRAIN_ROUNDS=${DRAIN_ROUNDS:-3}
-AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672}
 BATCH=100
-DB=${BENCH_DBNAME:-idem_bench}
-DATABASE_URL="host=${PGHOST:-127.0.0.1} port=${PGPORT:-5432} user=${PGUSER:-postgres} dbname=$DB${PGPASSWORD:+ password=$PGPASSWORD}"
+source "$HERE/relays.sh"
+use_queue "idem_bench_drain_$$"
 
-PROFILE=${RELAY_PROFILE:-release}   # debug for make test's short run, which has built it
-cargo build $([ "$PROFILE" = release ] && echo --release) -q -p idempotency-relay --bin idempotency-relay --example hand_relay --example queue
-BIN=$(cd "$HERE/.." && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$PROFILE
-QUEUE=idem_bench_drain_$$
-"$BIN/examples/queue" "$AMQP_URL" declare "$QUEUE"
-RELAYS=()
-cleanup() {
-  for p in "${RELAYS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  "$BIN/examples/queue" "$AMQP_URL" delete "$QUEUE" || true
-}
-trap cleanup EXIT
-
-sql() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$DB" -c "$1"; }
 fill() {  # fill ext|hand
-  sql "TRUNCATE idempotency.outbox, hand_outbox"
+  sql -c "TRUNCATE idempotency.outbox, hand_outbox"
   if [ "$1" = ext ]; then
-    sql "SELECT count(idem_send('$QUEUE', jsonb_build_object('amount', 10, 'n', n), ordering_key => 'order-' || (n % 200), key => 'drain-' || n)) FROM generate_series(1, $DRAIN_MESSAGES) AS n" >/dev/null
+    sql -c "SELECT count(idem_send('$QUEUE', jsonb_build_object('amount', 10, 'n', n), ordering_key => 'order-' || (n % 200), key => 'drain-' || n)) FROM generate_series(1, $DRAIN_MESSAGES) AS n" >/dev/null
   else
-    sql "INSERT INTO hand_outbox (id, topic, ordering_key, payload) SELECT gen_random_uuid(), '$QUEUE', 'order-' || (n % 200), jsonb_build_object('amount', 10, 'n', n) FROM generate_series(1, $DRAIN_MESSAGES) AS n"
+    sql -c "INSERT INTO hand_outbox (id, topic, ordering_key, payload) SELECT gen_random_uuid(), '$QUEUE', 'order-' || (n % 200), jsonb_build_object('amount', 10, 'n', n) FROM generate_series(1, $DRAIN_MESSAGES) AS n"
   fi
-  sql "VACUUM ANALYZE idempotency.outbox" ; sql "VACUUM ANALYZE hand_outbox"
+  sql -c "VACUUM ANALYZE idempotency.outbox" ; sql -c "VACUUM ANALYZE hand_outbox"
   "$BIN/examples/queue" "$AMQP_URL" purge "$QUEUE"
 }
 pending() {  # pending ext|hand
-  if [ "$1" = ext ]; then sql "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL"; else sql "SELECT count(*) FROM hand_outbox"; fi
+  if [ "$1" = ext ]; then sql -c "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL"; else sql -c "SELECT count(*) FROM hand_outbox"; fi
 }
 drain() {  # drain ext|hand RELAYS: prints messages per second
   local start end i
   fill "$1"
-  RELAYS=()
+  PIDS=()
   start=$(date +%s.%N)
   for ((i = 0; i < $2; i++)); do
     if [ "$1" = ext ]; then
@@ -55,13 +40,13 @@ drain() {  # drain ext|hand RELAYS: prints messages per second
     else
       "$BIN/examples/hand_relay" "$DATABASE_URL" "$AMQP_URL" $BATCH &
     fi
-    RELAYS+=($!)
+    PIDS+=($!)
   done
   while [ "$(pending "$1")" != 0 ]; do sleep 0.02; done
   end=$(date +%s.%N)
-  for p in "${RELAYS[@]}"; do kill -TERM "$p"; done
-  wait "${RELAYS[@]}" 2>/dev/null || true
-  RELAYS=()
+  for p in "${PIDS[@]}"; do kill -TERM "$p"; done
+  wait "${PIDS[@]}" 2>/dev/null || true
+  PIDS=()
   awk -v n="$DRAIN_MESSAGES" -v s="$start" -v e="$end" 'BEGIN { printf "%.0f", n / (e - s) }'
 }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END { if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2] + v[NR/2+1]) / 2 }'; }

@@ -8,33 +8,19 @@
 # etc.) after the drain bench.
 #
 #   STEADY_SECONDS (600), STEADY_RATE (sends per second, 300), OUTBOX_RETENTION (30s),
-#   PURGE_EVERY (10), AMQP_URL
+#   PURGE_EVERY (10); AMQP_URL etc.: see bench/relays.sh
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STEADY_SECONDS=${STEADY_SECONDS:-600}
 STEADY_RATE=${STEADY_RATE:-300}
 OUTBOX_RETENTION=${OUTBOX_RETENTION:-30s}
 PURGE_EVERY=${PURGE_EVERY:-10}
-AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672}
-DB=${BENCH_DBNAME:-idem_bench}
-DATABASE_URL="host=${PGHOST:-127.0.0.1} port=${PGPORT:-5432} user=${PGUSER:-postgres} dbname=$DB${PGPASSWORD:+ password=$PGPASSWORD}"
 WARMUP=120
 
-PROFILE=${RELAY_PROFILE:-release}   # debug for make test's short run, which has built it
-cargo build $([ "$PROFILE" = release ] && echo --release) -q -p idempotency-relay --bin idempotency-relay --example queue
-BIN=$(cd "$HERE/.." && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$PROFILE
+source "$HERE/relays.sh"
 # The relays publish to the default exchange, which delivers to the queue named like the topic.
-QUEUE=orders.paid
-"$BIN/examples/queue" "$AMQP_URL" declare "$QUEUE"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  "$BIN/examples/queue" "$AMQP_URL" delete "$QUEUE" || true
-}
-trap cleanup EXIT
+use_queue orders.paid
 
-sql() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
 sql -c "TRUNCATE idempotency.outbox, idempotency.ledger, biz_ext" -c "ALTER DATABASE $DB SET idempotency.outbox_retention = '$OUTBOX_RETENTION'"
 
 echo "-- steady load: $STEADY_RATE sends/s (claim + insert + idem_send), 2 relays to RabbitMQ, purge every ${PURGE_EVERY}s (retention $OUTBOX_RETENTION) then VACUUM, for ${STEADY_SECONDS}s --"
