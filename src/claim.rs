@@ -14,7 +14,9 @@ use pgrx::JsonB;
 use crate::digest::{fingerprint, parse_key, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::spi::Statement;
-use crate::postgres::write::{attributes, is_plain, open_owned, Insert, Permissions, Target};
+use crate::postgres::write::{
+    attnum, open_owned, ColumnDefault, DirectInsert, Insert, InsertPrivileges, PermissionCache, Shape,
+};
 use crate::retention::check_late_replay;
 
 // The statements a claim stands for, and the reference the differential tester compares
@@ -55,24 +57,18 @@ static INSERT_MANY: Statement = Statement {
 /// statements above stay the way in whenever the ledger is not exactly as sql/schema.sql
 /// made it: row-level security for tenants, an audit trigger, a rule, an extra column, a
 /// changed default, no unique index on key_digest.
-struct Ledger {
-    target: Target,
-    row: *mut pg_sys::TupleTableSlot,
-    scratch: *mut pg_sys::TupleTableSlot,
-    arbiters: *mut pg_sys::List,
-}
+struct Ledger(DirectInsert);
 
-/// The ledger's columns, in table order, as sql/schema.sql creates them.
-const LEDGER_TYPES: [pg_sys::Oid; 5] =
-    [pg_sys::UUIDOID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::UUIDOID, pg_sys::JSONBOID];
 const KEY_DIGEST: usize = 0;
 const SCOPE_ID: usize = 1;
 const CLAIMED_AT: usize = 2;
 const FINGERPRINT: usize = 3;
 
-const fn attnum(index: usize) -> i16 {
-    index as i16 + 1
-}
+/// The ledger's columns, in table order, and claimed_at's default, as sql/schema.sql creates them.
+static LEDGER_SHAPE: Shape = Shape {
+    types: &[pg_sys::UUIDOID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::UUIDOID, pg_sys::JSONBOID],
+    defaults: &[(attnum(CLAIMED_AT), ColumnDefault::Now)],
+};
 
 /// The columns a claim names in its INSERT, and so needs INSERT privilege on.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -83,50 +79,19 @@ enum Columns {
     KeyAndFingerprint = 1,
 }
 
-impl Columns {
-    fn attnums(self) -> &'static [i16] {
-        const KEY: [i16; 2] = [attnum(KEY_DIGEST), attnum(SCOPE_ID)];
-        const WITH_FINGERPRINT: [i16; 3] = [attnum(KEY_DIGEST), attnum(SCOPE_ID), attnum(FINGERPRINT)];
-        match self {
-            Columns::Key => &KEY,
-            Columns::KeyAndFingerprint => &WITH_FINGERPRINT,
-        }
-    }
-}
+/// Both kinds of claim, by [`Columns`], as `INSERT … ON CONFLICT (key_digest)`.
+const CLAIM_PRIVILEGES: [InsertPrivileges; 2] = [
+    InsertPrivileges { inserted: &[attnum(KEY_DIGEST), attnum(SCOPE_ID)], arbiter: &[attnum(KEY_DIGEST)] },
+    InsertPrivileges {
+        inserted: &[attnum(KEY_DIGEST), attnum(SCOPE_ID), attnum(FINGERPRINT)],
+        arbiter: &[attnum(KEY_DIGEST)],
+    },
+];
 
 thread_local! {
     /// The OIDs of schema idempotency and of its ledger (see [`open_owned`]).
     static LEDGER_OIDS: Cell<(pg_sys::Oid, pg_sys::Oid)> = const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
-    /// The privilege checks of both kinds of claim, for the ledger they were made for.
-    static LEDGER_PERMISSIONS: std::cell::RefCell<Option<(pg_sys::Oid, [Permissions; 2])>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// The permission check of a claim on the ledger `relid`, built once per backend (and again
-/// if the extension is recreated; the old one's few bytes stay in TopMemoryContext). As for
-/// `INSERT … ON CONFLICT (key_digest)`: INSERT on the named columns, and SELECT on key_digest,
-/// which the conflict reads.
-fn ledger_permissions<R>(relid: pg_sys::Oid, columns: Columns, with: impl FnOnce(&Permissions) -> R) -> R {
-    LEDGER_PERMISSIONS.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        if !matches!(&*cache, Some((oid, _)) if *oid == relid) {
-            // SAFETY: TopMemoryContext lives as long as the backend, and relid is the ledger's,
-            // which the caller has open.
-            let build = |c: Columns| unsafe {
-                Permissions::new(
-                    relid,
-                    pg_sys::ACL_INSERT | pg_sys::ACL_SELECT,
-                    &[attnum(KEY_DIGEST)],
-                    c.attnums(),
-                    &[],
-                    pg_sys::TopMemoryContext,
-                )
-            };
-            *cache = Some((relid, [build(Columns::Key), build(Columns::KeyAndFingerprint)]));
-        }
-        let (_, permissions) = cache.as_ref().expect("just filled");
-        with(&permissions[columns as usize])
-    })
+    static LEDGER_PERMISSIONS: PermissionCache = const { PermissionCache::new() };
 }
 
 impl Ledger {
@@ -136,116 +101,31 @@ impl Ledger {
         // SAFETY: the relation stays open until finish(), or until an error's abort.
         unsafe {
             let rel = LEDGER_OIDS.with(|oids| open_owned(c"idempotency", c"ledger", oids))?;
-            let close = || pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-            if !is_plain(rel) || !has_ledger_shape(rel) {
-                close();
-                return Ok(None);
-            }
-            // The statement finds its arbiters when it is planned, before its privileges are
-            // checked: without one it is the statement's 42P10, whatever the role may do.
-            let opened =
-                ledger_permissions((*rel).rd_id, columns, |p| -> Result<Option<(Target, *mut pg_sys::List)>> {
-                    let target = Target::begin(rel, p)?;
-                    let Some(arbiters) = target.arbiters(&[attnum(KEY_DIGEST)]) else {
-                        target.finish()?;
-                        return Ok(None);
-                    };
-                    p.check(rel)?;
-                    Ok(Some((target, arbiters)))
-                })?;
-            let Some((target, arbiters)) = opened else {
-                close();
-                return Ok(None);
-            };
-            let row = target.virtual_slot();
-            let scratch = target.table_slot();
-            Ok(Some(Ledger { target, row, scratch, arbiters }))
+            let insert = LEDGER_PERMISSIONS.with(|cache| {
+                cache.with((*rel).rd_id, &CLAIM_PRIVILEGES, columns as usize, |p| {
+                    DirectInsert::open(rel, &LEDGER_SHAPE, p, &[attnum(KEY_DIGEST)])
+                })
+            })?;
+            Ok(insert.map(Ledger))
         }
     }
 
     /// Inserts the claim unless (scope, key) is already claimed; true when inserted.
     fn claim(&self, digest: Uuid, scope_id: i64, fingerprint: Option<Uuid>) -> Result<bool> {
-        // SAFETY: the slot is the ledger's, built for its row type; its arrays hold natts entries.
-        unsafe {
-            let row = self.row;
-            pg_sys::ExecClearTuple(row);
-            let natts = (*(*self.target.rel).rd_att).natts as usize;
-            let values = std::slice::from_raw_parts_mut((*row).tts_values, natts);
-            let nulls = std::slice::from_raw_parts_mut((*row).tts_isnull, natts);
-            nulls.fill(true);
+        let inserted = self.0.insert(|values, nulls| {
             (values[KEY_DIGEST], nulls[KEY_DIGEST]) = (digest.into_datum().expect("a uuid datum"), false);
             (values[SCOPE_ID], nulls[SCOPE_ID]) = (pg_sys::Datum::from(scope_id), false);
-            // The column's default, now(), which has_ledger_shape made sure it still is.
-            (values[CLAIMED_AT], nulls[CLAIMED_AT]) =
-                (pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp()), false);
+            (values[CLAIMED_AT], nulls[CLAIMED_AT]) = (ColumnDefault::Now.value(), false);
             if let Some(fingerprint) = fingerprint {
                 (values[FINGERPRINT], nulls[FINGERPRINT]) = (fingerprint.into_datum().expect("a uuid datum"), false);
             }
-            pg_sys::ExecStoreVirtualTuple(row);
-            Ok(matches!(self.target.insert_unless_present(row, self.arbiters, self.scratch)?, Insert::Inserted))
-        }
+        })?;
+        Ok(matches!(inserted, Insert::Inserted))
     }
 
     fn finish(self) -> Result<()> {
-        let rel = self.target.rel;
-        self.target.finish()?;
-        // SAFETY: opened by Ledger::open, closed once.
-        unsafe { pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
-        Ok(())
+        Ok(self.0.finish()?)
     }
-}
-
-thread_local! {
-    /// Whether the ledger of this OID has the shape direct claims need, until the next
-    /// invalidation of its relcache entry (ALTER TABLE, a new default, a new index).
-    static LEDGER_SHAPE: Cell<Option<(pg_sys::Oid, bool)>> = const { Cell::new(None) };
-}
-
-unsafe extern "C-unwind" fn forget_ledger_shape(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    if LEDGER_SHAPE.get().is_some_and(|(oid, _)| relid == pg_sys::InvalidOid || relid == oid) {
-        LEDGER_SHAPE.set(None);
-    }
-}
-
-/// The columns sql/schema.sql created with their defaults, and no others still in use: a
-/// column a DBA added, a default changed or added, or an identity column would all need
-/// the INSERT statement to fill the row in.
-unsafe fn has_ledger_shape(rel: pg_sys::Relation) -> bool {
-    let relid = (*rel).rd_id;
-    if let Some((oid, shaped)) = LEDGER_SHAPE.get() {
-        if oid == relid {
-            return shaped;
-        }
-    }
-    thread_local! { static REGISTERED: Cell<bool> = const { Cell::new(false) }; }
-    if !REGISTERED.replace(true) {
-        pg_sys::CacheRegisterRelcacheCallback(Some(forget_ledger_shape), pg_sys::Datum::from(0));
-    }
-    let attrs = attributes(rel);
-    let shaped = attrs.len() >= LEDGER_TYPES.len()
-        && LEDGER_TYPES.iter().zip(attrs).all(|(&type_oid, attr)| !attr.attisdropped && attr.atttypid == type_oid)
-        && attrs[LEDGER_TYPES.len()..].iter().all(|attr| attr.attisdropped)
-        && attrs.iter().all(|attr| attr.attidentity == 0 && attr.attgenerated == 0)
-        && attrs.iter().enumerate().all(|(i, attr)| attr.atthasdef == (i == CLAIMED_AT))
-        && default_is_now(rel, attnum(CLAIMED_AT));
-    LEDGER_SHAPE.set(Some((relid, shaped)));
-    shaped
-}
-
-/// Whether the column's default is `now()`, as sql/schema.sql declares claimed_at's.
-unsafe fn default_is_now(rel: pg_sys::Relation, column: i16) -> bool {
-    let constr = (*(*rel).rd_att).constr;
-    if constr.is_null() {
-        return false;
-    }
-    let defaults = std::slice::from_raw_parts((*constr).defval, (*constr).num_defval as usize);
-    defaults.iter().filter(|d| d.adnum == column).any(|d| {
-        let node = pg_sys::stringToNode(d.adbin) as *mut pg_sys::Node;
-        !node.is_null()
-            && (*node).type_ == pg_sys::NodeTag::T_FuncExpr
-            && (*(node as *mut pg_sys::FuncExpr)).funcid == pg_sys::Oid::from(pg_sys::F_NOW)
-            && (*(node as *mut pg_sys::FuncExpr)).args.is_null()
-    })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -27,11 +27,16 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use sha2::{Digest, Sha256};
+use std::cell::Cell;
 
 use crate::digest::{parse_key, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::spi::Statement;
+use crate::postgres::write::{
+    attnum, open_owned, ColumnDefault, DirectInsert, Insert, InsertPrivileges, PermissionCache, Shape,
+};
 use crate::postgres::xact::{self, TransactionLocal};
+use crate::postgres::{catch, ffi};
 
 static INSERT_MESSAGE: Statement = Statement {
     sql: "INSERT INTO idempotency.outbox (seq, id, topic, ordering_key, payload, headers) \
@@ -39,6 +44,141 @@ static INSERT_MESSAGE: Statement = Statement {
           ON CONFLICT (id) DO NOTHING",
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID, pg_sys::JSONBOID],
 };
+
+/// The outbox's columns, in table order, and their defaults, as sql/ creates them.
+static OUTBOX_SHAPE: Shape = Shape {
+    types: &[
+        pg_sys::INT8OID,
+        pg_sys::UUIDOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT4OID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+        pg_sys::JSONBOID,
+        pg_sys::TEXTOID,
+    ],
+    defaults: &[(attnum(CREATED_AT), ColumnDefault::Now), (attnum(ATTEMPTS), ColumnDefault::Int4(0))],
+};
+const SEQ: usize = 0;
+const ID: usize = 1;
+const CREATED_AT: usize = 2;
+const ATTEMPTS: usize = 6;
+const TOPIC: usize = 7;
+const ORDERING_KEY: usize = 8;
+const PAYLOAD: usize = 9;
+const HEADERS: usize = 10;
+
+/// INSERT_MESSAGE's privileges.
+const SEND_PRIVILEGES: [InsertPrivileges; 1] = [InsertPrivileges {
+    inserted: &[attnum(SEQ), attnum(ID), attnum(TOPIC), attnum(ORDERING_KEY), attnum(PAYLOAD), attnum(HEADERS)],
+    arbiter: &[attnum(ID)],
+}];
+
+thread_local! {
+    /// The OIDs of schema idempotency and of its outbox (see [`open_owned`]).
+    static OUTBOX_OIDS: Cell<(pg_sys::Oid, pg_sys::Oid)> = const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
+    static OUTBOX_PERMISSIONS: PermissionCache = const { PermissionCache::new() };
+}
+
+/// A message's values as INSERT_MESSAGE takes them.
+struct Row {
+    id: pg_sys::Datum,
+    topic: pg_sys::Datum,
+    ordering_key: Option<pg_sys::Datum>,
+    payload: pg_sys::Datum,
+    headers: Option<pg_sys::Datum>,
+}
+
+impl Row {
+    /// INSERT_MESSAGE's arguments, of which SAME_MESSAGE takes the first four.
+    fn args(&self) -> [DatumWithOid<'_>; 5] {
+        // SAFETY: each datum is of its statement argument's type and lives as long as the row.
+        unsafe {
+            let optional = |d: Option<pg_sys::Datum>, oid| match d {
+                Some(d) => DatumWithOid::new(d, oid),
+                None => DatumWithOid::null_oid(oid),
+            };
+            [
+                DatumWithOid::new(self.id, pg_sys::UUIDOID),
+                DatumWithOid::new(self.topic, pg_sys::TEXTOID),
+                optional(self.ordering_key, pg_sys::TEXTOID),
+                DatumWithOid::new(self.payload, pg_sys::JSONBOID),
+                optional(self.headers, pg_sys::JSONBOID),
+            ]
+        }
+    }
+}
+
+/// The outbox opened for INSERT_MESSAGE without SPI (see [`crate::postgres::write`]), while
+/// it is exactly as sql/ made it.
+struct Outbox {
+    insert: DirectInsert,
+    seq: pg_sys::Oid,
+}
+
+impl Outbox {
+    fn open() -> Result<Option<Outbox>> {
+        // SAFETY: the relation stays open until finish(), or until an error's abort.
+        unsafe {
+            let rel = OUTBOX_OIDS.with(|oids| open_owned(c"idempotency", c"outbox", oids))?;
+            // The statement finds the sequence by name when it is planned, before anything
+            // else; without it, it is the statement's 42P01.
+            let seq = pg_sys::get_relname_relid(c"outbox_seq".as_ptr(), (*(*rel).rd_rel).relnamespace);
+            if seq == pg_sys::InvalidOid {
+                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                return Ok(None);
+            }
+            let insert = OUTBOX_PERMISSIONS.with(|cache| {
+                cache.with((*rel).rd_id, &SEND_PRIVILEGES, 0, |p| {
+                    DirectInsert::open(rel, &OUTBOX_SHAPE, p, &[attnum(ID)])
+                })
+            })?;
+            Ok(insert.map(|insert| Outbox { insert, seq }))
+        }
+    }
+
+    /// INSERT_MESSAGE's steps after its privilege checks: the next seq (nextval's own
+    /// privilege check included), then the row unless its id is present.
+    fn insert(&self, row: &Row) -> Result<bool> {
+        // SAFETY: nextval(regclass), the statement's own function, raises (no privilege, a
+        // read-only transaction, the sequence exhausted) inside catch.
+        let seq = unsafe {
+            catch(|| {
+                ffi::DirectFunctionCall1Coll(Some(ffi::nextval_oid), pg_sys::InvalidOid, self.seq.into()).value() as i64
+            })?
+        };
+        let optional = |d: Option<pg_sys::Datum>| (d.unwrap_or(pg_sys::Datum::from(0)), d.is_none());
+        let inserted = self.insert.insert(|values, nulls| {
+            (values[SEQ], nulls[SEQ]) = (pg_sys::Datum::from(seq), false);
+            (values[ID], nulls[ID]) = (row.id, false);
+            (values[CREATED_AT], nulls[CREATED_AT]) = (ColumnDefault::Now.value(), false);
+            (values[ATTEMPTS], nulls[ATTEMPTS]) = (ColumnDefault::Int4(0).value(), false);
+            (values[TOPIC], nulls[TOPIC]) = (row.topic, false);
+            (values[ORDERING_KEY], nulls[ORDERING_KEY]) = optional(row.ordering_key);
+            (values[PAYLOAD], nulls[PAYLOAD]) = (row.payload, false);
+            (values[HEADERS], nulls[HEADERS]) = optional(row.headers);
+        })?;
+        Ok(matches!(inserted, Insert::Inserted))
+    }
+
+    fn finish(self) -> Result<()> {
+        Ok(self.insert.finish()?)
+    }
+}
+
+/// INSERT_MESSAGE, directly where the outbox allows it; true when it inserted the row.
+fn insert_message(row: &Row) -> Result<bool> {
+    if let Some(outbox) = Outbox::open()? {
+        let inserted = outbox.insert(row)?;
+        outbox.finish()?;
+        return Ok(inserted);
+    }
+    Ok(INSERT_MESSAGE.run(&row.args(), |rows| rows.len() == 1)?)
+}
 
 /// Whether the stored message with this id is the same message: topic, ordering key and
 /// payload. Headers may differ (a trace id, say); the first ones stay.
@@ -145,35 +285,21 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
     if let Some(ordering_key) = &message.ordering_key {
         xact::lock_ordering_key(ordering_key.as_bytes())?;
     }
-    // SAFETY: the datums are the caller's jsonb arguments, alive for the call.
-    let jsonb = |datum: Option<pg_sys::Datum>| unsafe {
-        match datum {
-            Some(d) => DatumWithOid::new(d, pg_sys::JSONBOID),
-            None => DatumWithOid::null_oid(pg_sys::JSONBOID),
-        }
+    let text = |value: &str| value.into_datum().expect("a text datum");
+    let row = Row {
+        id: id.into_datum().expect("a uuid datum"),
+        topic: text(&message.topic),
+        ordering_key: message.ordering_key.as_deref().map(text),
+        payload: message.payload,
+        headers: message.headers,
     };
-    let text = |value: Option<&str>| DatumWithOid::from(value);
-    let (topic, ordering_key) = (Some(message.topic.as_str()), message.ordering_key.as_deref());
     // A duplicate's row can vanish (purged, or deleted by hand) between the INSERT that met it
     // and the read that compares it: the INSERT is tried again then.
     loop {
-        let inserted = INSERT_MESSAGE.run(
-            &[
-                DatumWithOid::from(id),
-                text(topic),
-                text(ordering_key),
-                jsonb(Some(message.payload)),
-                jsonb(message.headers),
-            ],
-            |rows| rows.len() == 1,
-        )?;
-        if inserted {
+        if insert_message(&row)? {
             break;
         }
-        let same = SAME_MESSAGE
-            .run(&[DatumWithOid::from(id), text(topic), text(ordering_key), jsonb(Some(message.payload))], |rows| {
-                (!rows.is_empty()).then(|| rows.get::<bool>(0, 1))
-            })?;
+        let same = SAME_MESSAGE.run(&row.args()[..4], |rows| (!rows.is_empty()).then(|| rows.get::<bool>(0, 1)))?;
         match same {
             None => continue,
             Some(Some(true)) => break,

@@ -101,6 +101,8 @@ unguarded! {
     fn SearchSysCacheExists(cacheId: ::core::ffi::c_int, key1: Datum, key2: Datum, key3: Datum, key4: Datum) -> bool;
     fn get_namespace_oid(nspname: *const ::core::ffi::c_char, missing_ok: bool) -> Oid;
     fn get_relname_relid(relname: *const ::core::ffi::c_char, relnamespace: Oid) -> Oid;
+    fn DirectFunctionCall1Coll(func: PGFunction, collation: Oid, arg1: Datum) -> Datum;
+    fn nextval_oid(fcinfo: FunctionCallInfo) -> Datum;
     fn LockDatabaseObject(classid: Oid, objid: Oid, objsubid: uint16, lockmode: LOCKMODE);
     fn ProcessInterrupts();
     #[link_name = "table_tuple_lock__pgrx_cshim"]

@@ -10,6 +10,8 @@
 //! included), rules, row-level security, generated columns, partitions or inheritance
 //! children to the caller's SPI statement, which lets the full executor honour them; so does
 //! [`direct_allowed`] while a setting asks the executor's hooks to see nested statements.
+//! The extension's own tables (the ledger's claims, the outbox's sends) go through
+//! [`DirectInsert`] only while they keep the [`Shape`] sql/ gave them.
 //!
 //! Error handling: every step runs inside [`catch`], so an error keeps all its fields. A
 //! PostgreSQL error aborts the transaction, and the abort releases everything a [`Target`]
@@ -757,5 +759,233 @@ impl Target {
                 ffi::FreeExecutorState(self.estate);
             })
         }
+    }
+}
+
+/// The attnum of the column at 0-based `index`.
+pub const fn attnum(index: usize) -> i16 {
+    index as i16 + 1
+}
+
+/// A column default an extension-owned table is created with, which a direct insert
+/// computes itself instead of evaluating the expression.
+pub enum ColumnDefault {
+    /// `now()`: the transaction's start.
+    Now,
+    /// An int4 constant.
+    Int4(i32),
+}
+
+impl ColumnDefault {
+    /// Whether `node`, a cooked default expression, is this one.
+    unsafe fn is(&self, node: *mut pg_sys::Node) -> bool {
+        if node.is_null() {
+            return false;
+        }
+        match *self {
+            ColumnDefault::Now => {
+                (*node).type_ == pg_sys::NodeTag::T_FuncExpr
+                    && (*(node as *mut pg_sys::FuncExpr)).funcid == pg_sys::Oid::from(pg_sys::F_NOW)
+                    && (*(node as *mut pg_sys::FuncExpr)).args.is_null()
+            }
+            ColumnDefault::Int4(value) => {
+                let c = node as *mut pg_sys::Const;
+                (*node).type_ == pg_sys::NodeTag::T_Const
+                    && (*c).consttype == pg_sys::INT4OID
+                    && !(*c).constisnull
+                    && (*c).constvalue.value() as i32 == value
+            }
+        }
+    }
+
+    /// The value the default gives a row inserted now.
+    pub fn value(&self) -> pg_sys::Datum {
+        match *self {
+            // SAFETY: reads the transaction's start, set when it began.
+            ColumnDefault::Now => pg_sys::Datum::from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }),
+            ColumnDefault::Int4(value) => pg_sys::Datum::from(value),
+        }
+    }
+}
+
+/// The columns an extension-owned table is created with (sql/), in table order, and their
+/// defaults. A table that no longer has exactly this shape (a column a DBA added, a default
+/// changed or added, an identity or generated column) needs the INSERT statement to fill its
+/// rows in.
+pub struct Shape {
+    pub types: &'static [pg_sys::Oid],
+    /// (attnum, default) of each column that has one.
+    pub defaults: &'static [(i16, ColumnDefault)],
+}
+
+thread_local! {
+    /// Whether the table of an OID has its shape, until the next invalidation of its relcache
+    /// entry (ALTER TABLE, a new default, a new index).
+    static SHAPED: std::cell::RefCell<std::collections::HashMap<pg_sys::Oid, bool>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+unsafe extern "C-unwind" fn forget_shape(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    SHAPED.with(|shaped| {
+        let mut shaped = shaped.borrow_mut();
+        if relid == pg_sys::InvalidOid {
+            shaped.clear();
+        } else {
+            shaped.remove(&relid);
+        }
+    });
+}
+
+impl Shape {
+    /// Whether `rel` has this shape.
+    ///
+    /// # Safety
+    /// `rel` must be open.
+    pub unsafe fn fits(&self, rel: pg_sys::Relation) -> bool {
+        let relid = (*rel).rd_id;
+        if let Some(fits) = SHAPED.with(|s| s.borrow().get(&relid).copied()) {
+            return fits;
+        }
+        thread_local! { static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) }; }
+        if !REGISTERED.replace(true) {
+            pg_sys::CacheRegisterRelcacheCallback(Some(forget_shape), pg_sys::Datum::from(0));
+        }
+        let attrs = attributes(rel);
+        let n = self.types.len();
+        let has_default = |attnum: i16| self.defaults.iter().any(|(a, _)| *a == attnum);
+        let fits = attrs.len() >= n
+            && self.types.iter().zip(attrs).all(|(&type_oid, attr)| !attr.attisdropped && attr.atttypid == type_oid)
+            && attrs[n..].iter().all(|attr| attr.attisdropped)
+            && attrs.iter().all(|attr| attr.attidentity == 0 && attr.attgenerated == 0)
+            && attrs.iter().all(|attr| attr.atthasdef == has_default(attr.attnum))
+            && self.defaults.iter().all(|(attnum, default)| default_is(rel, *attnum, default));
+        SHAPED.with(|s| s.borrow_mut().insert(relid, fits));
+        fits
+    }
+}
+
+/// Whether column `attnum`'s default is `default`.
+unsafe fn default_is(rel: pg_sys::Relation, attnum: i16, default: &ColumnDefault) -> bool {
+    let constr = (*(*rel).rd_att).constr;
+    if constr.is_null() {
+        return false;
+    }
+    let defaults = std::slice::from_raw_parts((*constr).defval, (*constr).num_defval as usize);
+    defaults
+        .iter()
+        .filter(|d| d.adnum == attnum)
+        .any(|d| default.is(pg_sys::stringToNode(d.adbin) as *mut pg_sys::Node))
+}
+
+/// The privileges of `INSERT … ON CONFLICT (arbiter) DO NOTHING`: INSERT on the named
+/// columns, and SELECT on the arbiter's, which the conflict reads.
+pub struct InsertPrivileges {
+    pub inserted: &'static [i16],
+    pub arbiter: &'static [i16],
+}
+
+/// The permission checks of a table's kinds of insert, built once per backend (and again if
+/// the extension is recreated; the old ones' few bytes stay in TopMemoryContext).
+pub struct PermissionCache(std::cell::RefCell<Option<(pg_sys::Oid, Vec<Permissions>)>>);
+
+impl PermissionCache {
+    pub const fn new() -> PermissionCache {
+        PermissionCache(std::cell::RefCell::new(None))
+    }
+
+    /// Runs `with` on the check of `kinds[kind]` for the table `relid`.
+    pub fn with<R>(
+        &self,
+        relid: pg_sys::Oid,
+        kinds: &[InsertPrivileges],
+        kind: usize,
+        with: impl FnOnce(&Permissions) -> R,
+    ) -> R {
+        let mut cache = self.0.borrow_mut();
+        if !matches!(&*cache, Some((oid, _)) if *oid == relid) {
+            // SAFETY: TopMemoryContext lives as long as the backend, and relid is the caller's
+            // open table.
+            let build = |k: &InsertPrivileges| unsafe {
+                Permissions::new(
+                    relid,
+                    pg_sys::ACL_INSERT | pg_sys::ACL_SELECT,
+                    k.arbiter,
+                    k.inserted,
+                    &[],
+                    pg_sys::TopMemoryContext,
+                )
+            };
+            *cache = Some((relid, kinds.iter().map(build).collect()));
+        }
+        let (_, permissions) = cache.as_ref().expect("just filled");
+        with(&permissions[kind])
+    }
+}
+
+/// An extension-owned table opened for `INSERT … ON CONFLICT (arbiter) DO NOTHING` of one
+/// row at a time without SPI; the statement stays the way in whenever the table is not plain
+/// ([`is_plain`]) or not of its [`Shape`].
+pub struct DirectInsert {
+    target: Target,
+    row: *mut pg_sys::TupleTableSlot,
+    scratch: *mut pg_sys::TupleTableSlot,
+    arbiters: *mut pg_sys::List,
+}
+
+impl DirectInsert {
+    /// Starts inserting into `rel` after the checks the statement makes before it evaluates
+    /// a value; None, with `rel` closed, when the statement must run instead.
+    ///
+    /// # Safety
+    /// `rel` must be open with RowExclusiveLock; [`DirectInsert::finish`] closes it.
+    pub unsafe fn open(
+        rel: pg_sys::Relation,
+        shape: &Shape,
+        permissions: &Permissions,
+        arbiter: &[i16],
+    ) -> Result<Option<DirectInsert>> {
+        let close = || pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        if !is_plain(rel) || !shape.fits(rel) {
+            close();
+            return Ok(None);
+        }
+        let target = Target::begin(rel, permissions)?;
+        // The statement finds its arbiters when it is planned, before its privileges are
+        // checked: without one it is the statement's 42P10, whatever the role may do.
+        let Some(arbiters) = target.arbiters(arbiter) else {
+            target.finish()?;
+            close();
+            return Ok(None);
+        };
+        permissions.check(rel)?;
+        let row = target.virtual_slot();
+        let scratch = target.table_slot();
+        Ok(Some(DirectInsert { target, row, scratch, arbiters }))
+    }
+
+    /// Inserts the row `fill` sets (every column starts NULL) unless an arbiter already holds
+    /// its key.
+    pub fn insert(&self, fill: impl FnOnce(&mut [pg_sys::Datum], &mut [bool])) -> Result<Insert> {
+        // SAFETY: the slot is the table's, built for its row type; its arrays hold natts entries.
+        unsafe {
+            let row = self.row;
+            pg_sys::ExecClearTuple(row);
+            let natts = (*(*self.target.rel).rd_att).natts as usize;
+            let values = std::slice::from_raw_parts_mut((*row).tts_values, natts);
+            let nulls = std::slice::from_raw_parts_mut((*row).tts_isnull, natts);
+            nulls.fill(true);
+            fill(values, nulls);
+            pg_sys::ExecStoreVirtualTuple(row);
+            self.target.insert_unless_present(row, self.arbiters, self.scratch)
+        }
+    }
+
+    /// Ends the insert and closes the table.
+    pub fn finish(self) -> Result<()> {
+        let rel = self.target.rel;
+        self.target.finish()?;
+        // SAFETY: opened by the caller of open, closed once.
+        unsafe { pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
+        Ok(())
     }
 }

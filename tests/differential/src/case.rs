@@ -520,6 +520,12 @@ pub enum Op {
     Upsert {
         row: String,
     },
+    /// Messages through the outbox, in one transaction: after a new claim of `claim` (key,
+    /// scope) each gets the id derived from it, or each the id of its own `key =>`.
+    Send {
+        claim: Option<(String, String)>,
+        messages: Vec<Message>,
+    },
     /// A read in a concurrent case: it takes predicate locks, and takes the snapshot.
     Read(String),
     /// New claims `warm-{prefix}-1` … `warm-{prefix}-{count}`: the first step of a sequential
@@ -532,6 +538,18 @@ pub enum Op {
     },
     Begin,
     Commit,
+}
+
+/// One idem_send. Its topic, ordering key and payload are a function of its id (the claim
+/// and position, or its key), so a repeat is the same message, which the statement it stands
+/// for cannot tell apart from a new one; headers vary freely (the first ones stay).
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub key: Option<String>,
+    pub topic: String,
+    pub ordering_key: Option<String>,
+    pub payload: String,
+    pub headers: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -549,7 +567,8 @@ pub struct Case {
     pub index: u64,
     /// Superuser statements run the same way in each database after its reset.
     pub setup: Vec<String>,
-    /// Whether the ledger's definition changed, so the reset must recreate the extension.
+    /// Whether the ledger's or the outbox's definition changed, so the reset must recreate
+    /// the extension.
     pub ledger_changed: bool,
     pub concurrent: bool,
     pub steps: Vec<Step>,
@@ -575,6 +594,34 @@ const LEDGER_GRANTS: [&str; 4] = [
     "GRANT INSERT ON idempotency.ledger TO diff_app",
     "GRANT SELECT (key_digest), INSERT (key_digest, scope_id) ON idempotency.ledger TO diff_app",
     "GRANT SELECT ON idempotency.ledger TO diff_app",
+];
+
+/// Outbox variations a DBA may make: an index to search by, a changed or added default, an
+/// extra column, the primary key swapped or dropped (the statement's 42P10), constraints.
+const OUTBOX_CHANGES: [&str; 12] = [
+    "CREATE INDEX outbox_topic ON idempotency.outbox (topic, created_at)",
+    "CREATE UNIQUE INDEX outbox_extra ON idempotency.outbox (id)",
+    "CREATE UNIQUE INDEX outbox_one_per_topic ON idempotency.outbox (topic) WHERE ordering_key IS NULL",
+    "ALTER TABLE idempotency.outbox ALTER created_at SET DEFAULT '2001-02-03 04:05:06+00'",
+    "ALTER TABLE idempotency.outbox ALTER attempts SET DEFAULT 3",
+    "ALTER TABLE idempotency.outbox ALTER retry_at SET DEFAULT now()",
+    "ALTER TABLE idempotency.outbox ADD COLUMN tenant text DEFAULT 'n'",
+    "ALTER TABLE idempotency.outbox DROP CONSTRAINT outbox_pkey, ADD CONSTRAINT outbox_key UNIQUE (id)",
+    "ALTER TABLE idempotency.outbox DROP CONSTRAINT outbox_pkey",
+    "ALTER TABLE idempotency.outbox ADD CONSTRAINT outbox_short CHECK (length(topic) < 12 AND tableoid <> 0)",
+    "DROP INDEX idempotency.outbox_pending",
+    "ALTER SEQUENCE idempotency.outbox_seq INCREMENT 7 MAXVALUE 30",
+];
+
+/// What diff_app may do with the outbox and its sequence.
+const OUTBOX_GRANTS: [&str; 5] = [
+    "GRANT SELECT, INSERT ON idempotency.outbox TO diff_app; GRANT USAGE ON SEQUENCE idempotency.outbox_seq TO diff_app",
+    "GRANT INSERT ON idempotency.outbox TO diff_app; GRANT USAGE ON SEQUENCE idempotency.outbox_seq TO diff_app",
+    "GRANT SELECT, INSERT ON idempotency.outbox TO diff_app",
+    "GRANT SELECT (id), INSERT (seq, id, topic, ordering_key, payload, headers) ON idempotency.outbox TO diff_app; \
+     GRANT UPDATE ON SEQUENCE idempotency.outbox_seq TO diff_app",
+    "GRANT SELECT (id), INSERT (seq, id, topic, payload) ON idempotency.outbox TO diff_app; \
+     GRANT USAGE ON SEQUENCE idempotency.outbox_seq TO diff_app",
 ];
 
 const CLAIM_KEYS: [&str; 7] = ["k1", "k2", "k3", "K1", "order-42:paid", "ü", ""];
@@ -632,7 +679,43 @@ impl Case {
         if rng.chance(25) {
             steps.insert(0, Step { session: 0, limited: false, op: Op::Warm { prefix: "s0".into(), count: 20 } });
         }
-        Case { seed, index, setup, ledger_changed, concurrent: false, steps }
+        let mut case = Case { seed, index, setup, ledger_changed, concurrent: false, steps };
+        case.add_sends(limited);
+        case
+    }
+
+    /// Outbox sends, changes and grants in some sequential cases, drawn from a generator of
+    /// their own so that the cases without them stay as they were.
+    fn add_sends(&mut self, limited: bool) {
+        let mut rng = Rng::for_case(self.seed ^ 0x6f75_7462_6f78, self.index);
+        if !rng.chance(40) {
+            return;
+        }
+        for _ in 0..(if rng.chance(40) { rng.below(2) + 1 } else { 0 }) {
+            self.setup.push(rng.pick(&OUTBOX_CHANGES).to_string());
+            self.ledger_changed = true;
+        }
+        if limited {
+            self.setup.push(rng.pick(&OUTBOX_GRANTS).to_string());
+        }
+        for n in 0..rng.below(4) + 1 {
+            let claim = rng.chance(60).then(|| (format!("send-{n}"), rng.pick(&SCOPES).to_string()));
+            // Only the messages without a key of their own count after the claim.
+            let mut derived = 0;
+            let messages = (0..rng.below(3) + 1)
+                .map(|_| {
+                    let key = match &claim {
+                        Some(_) if rng.chance(80) => None,
+                        _ => Some(rng.pick(&["m1", "m2", "M1", "ü"]).to_string()),
+                    };
+                    derived += usize::from(key.is_none());
+                    message(key, &claim, derived, &mut rng)
+                })
+                .collect();
+            let step = Step { session: 0, limited: limited && rng.chance(70), op: Op::Send { claim, messages } };
+            let at = rng.below(self.steps.len() + 1);
+            self.steps.insert(at, step);
+        }
     }
 
     /// Two SERIALIZABLE transactions over overlapping keys and rows. No step ever waits for
@@ -707,6 +790,33 @@ impl Case {
             steps.push(Step { session: s as u8 + 1, limited: false, op });
         }
         Case { seed, index, setup, ledger_changed: false, concurrent: true, steps }
+    }
+}
+
+/// A message whose topic, ordering key and payload follow from its id's source: its key, or
+/// its claim and position.
+fn message(key: Option<String>, claim: &Option<(String, String)>, position: usize, rng: &mut Rng) -> Message {
+    let source = match (&key, claim) {
+        (Some(k), _) => k.clone(),
+        (None, Some((k, scope))) => format!("{k}/{scope}/{position}"),
+        (None, None) => unreachable!("a derived id needs a claim"),
+    };
+    let digest = source.bytes().fold(7usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+    let topics = ["orders.paid", "a-much-longer-topic.name", "ü.topic"];
+    let keys = [None, Some("order-1"), Some("order-2"), Some("Ω")];
+    let payloads = [
+        format!("{{\"source\": {}}}", string(&source).json),
+        "[1, \"two\", null]".to_string(),
+        // Past the TOAST threshold: stored compressed, by the statement and the direct path alike.
+        format!("{{\"pad\": \"{}\", \"n\": 1.0}}", "x".repeat(2100)),
+    ];
+    let headers = [None, Some("{\"trace\": \"abc\"}".to_string()), Some("{}".to_string())];
+    Message {
+        key,
+        topic: topics[digest % topics.len()].to_string(),
+        ordering_key: keys[(digest / 3) % keys.len()].map(str::to_string),
+        payload: payloads[(digest / 12) % payloads.len()].clone(),
+        headers: rng.pick(&headers),
     }
 }
 

@@ -30,23 +30,32 @@
 //! - `idem_versioned_upsert(t, row, version)` is `INSERT INTO t AS t (cols) VALUES (literals)
 //!   ON CONFLICT (primary key) DO UPDATE SET col = EXCLUDED.col, … WHERE t.version IS NULL OR
 //!   t.version < EXCLUDED.version`.
+//! - `idem_send(topic, payload, headers, ordering_key[, key => k])` is `INSERT INTO
+//!   idempotency.outbox (seq, id, topic, ordering_key, payload, headers) VALUES
+//!   (nextval('idempotency.outbox_seq'), id, …) ON CONFLICT (id) DO NOTHING RETURNING id`, with
+//!   `id` = `idem_message_id(k, 'default', 0)` or, for the n-th message without a key after the
+//!   step's claim, `idem_message_id(claim key, scope, n)`; when it inserted nothing, the stored
+//!   message is read back and compared (so a role also needs SELECT on the columns compared).
+//!   Outbox steps, changes and grants come from a generator of their own (`add_sends` in
+//!   case.rs), so the cases without them are as they were before the outbox.
 //!
 //! A sequential step runs in its own transaction: `BEGIN`, the setting, `SET LOCAL ROLE
 //! diff_app` for steps of a role with only some column grants, `SAVEPOINT`, the call (rolled
 //! back to the savepoint when it fails), then — still inside the transaction — whether it
 //! has an xid and its pg_stat_xact_user_tables counts, and `COMMIT`. After the commit the
-//! superuser reads every row of t.tab and of the ledger (claim times as the step that made
-//! them), n_live_tup and n_dead_tup, and amcheck's `bt_index_check(index, true)` of every
-//! btree index. An error is compared field by field (SQLSTATE, message, detail, hint,
+//! superuser reads every row of t.tab, of the ledger and of the outbox (now() as the step that
+//! made it, in error details too), the outbox sequence's state, n_live_tup and n_dead_tup,
+//! and amcheck's `bt_index_check(index, true)` of every btree index. An error is compared field by field (SQLSTATE, message, detail, hint,
 //! schema, table, column, datatype, constraint, severity) and by CONTEXT, which may only
 //! gain lines naming the extension's own function; the two ways of the extension must give
 //! the same CONTEXT whole. Scan counts are not compared: the planner may choose either.
 //!
-//! A concurrent case runs two SERIALIZABLE transactions on two connections per way,
-//! interleaving claims, versioned writes and reads of overlapping keys and rows so that
-//! neither ever waits for the other, and compares every answer, each COMMIT's outcome
-//! (40001 or not) and the final state. Some cases first warm each session with 20 new claims,
-//! and some are the one rw-cycle a duplicate claim must not close (`rw_cycle` in case.rs).
+//! A concurrent case (no sends among them yet) runs two SERIALIZABLE transactions on two
+//! connections per way, interleaving claims, versioned writes and reads of overlapping keys and
+//! rows so that neither ever waits for the other, and compares every answer, each COMMIT's
+//! outcome (40001 or not) and the final state. Some cases first warm each session with 20 new
+//! claims, and some are the one rw-cycle a duplicate claim must not close (`rw_cycle` in
+//! case.rs).
 //!
 //! A failing case is shrunk before it is printed: steps and setup statements are dropped one
 //! at a time while some difference remains. `--ignore LABEL` leaves a known difference out so

@@ -123,7 +123,8 @@ fn value(client: &mut Client, sql: &str) -> Result<String, postgres::Error> {
 
 /// The extension's function names: a CONTEXT line naming one is the only line the
 /// extension's call may add to what the hand-written statement reports.
-const OWN_FUNCTIONS: [&str; 4] = ["idem_claim", "idem_claim_many", "idem_versioned_update", "idem_versioned_upsert"];
+const OWN_FUNCTIONS: [&str; 5] =
+    ["idem_claim", "idem_claim_many", "idem_versioned_update", "idem_versioned_upsert", "idem_send"];
 
 impl Db {
     pub fn open(way: Way) -> Result<Db, String> {
@@ -159,12 +160,15 @@ impl Db {
     }
 
     /// Each case starts from the same state in every database: no schema t, an empty ledger
-    /// as sql/schema.sql makes it, and diff_app without grants.
+    /// and outbox as sql/ makes them, the outbox's sequence at its start, and diff_app
+    /// without grants.
     fn reset(&mut self) -> Result<(), String> {
         let ledger = if self.ledger_changed {
             "DROP EXTENSION idempotency CASCADE; CREATE EXTENSION idempotency;"
         } else {
-            "TRUNCATE idempotency.ledger; REVOKE ALL ON idempotency.ledger FROM diff_app; REVOKE ALL ON SCHEMA idempotency FROM diff_app;"
+            "TRUNCATE idempotency.ledger, idempotency.outbox; ALTER SEQUENCE idempotency.outbox_seq RESTART; \
+             REVOKE ALL ON idempotency.ledger, idempotency.outbox FROM diff_app; \
+             REVOKE ALL ON SEQUENCE idempotency.outbox_seq FROM diff_app; REVOKE ALL ON SCHEMA idempotency FROM diff_app;"
         };
         self.aux
             .batch_execute(&format!("DROP SCHEMA IF EXISTS t CASCADE; {ledger} CREATE SCHEMA t"))
@@ -193,6 +197,10 @@ impl Db {
             }
         }
         self.reconnect_if_closed()?;
+        // An error's detail shows the failing row, whose now() differs per way too.
+        for observed in trace.values_mut() {
+            observed.value = name_times(&observed.value, &times);
+        }
         Ok(trace)
     }
 
@@ -241,7 +249,7 @@ impl Db {
         let sql = "RESET ROLE; SELECT pg_current_xact_id_if_assigned() IS NOT NULL, \
                    (SELECT string_agg(format('%s.%s ins=%s upd=%s del=%s hot_upd=%s', schemaname, relname, n_tup_ins, n_tup_upd, \
                                              n_tup_del, n_tup_hot_upd), '; ' ORDER BY schemaname, relname) \
-                      FROM pg_stat_xact_user_tables WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger')), \
+                      FROM pg_stat_xact_user_tables WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger', 'outbox')), \
                    pg_stat_force_next_flush()";
         match client.simple_query(sql) {
             Ok(messages) => {
@@ -265,17 +273,15 @@ impl Db {
     /// that made them), the live and dead tuple counts, and amcheck's verdict on every btree.
     fn observe(&mut self, label: &str, trace: &mut Trace, times: &[String]) {
         let rows = "SELECT (SELECT string_agg(r::text, E'\\n' ORDER BY r::text) FROM t.tab r) || E'\\n--\\n' || \
-                    coalesce((SELECT string_agg(l::text, E'\\n' ORDER BY l::text) FROM idempotency.ledger l), '')";
-        let mut state = value(&mut self.aux, rows).unwrap_or_else(|e| describe(&e));
-        // Newest first, so that a time is never replaced inside a longer one.
-        for (n, time) in times.iter().enumerate().rev() {
-            state = state.replace(time.as_str(), &format!("<now of step {n}>"));
-        }
-        record(trace, &format!("{label} rows"), state, false);
+                    coalesce((SELECT string_agg(l::text, E'\\n' ORDER BY l::text) FROM idempotency.ledger l), '') || \
+                    E'\\n--\\n' || coalesce((SELECT string_agg(o::text, E'\\n' ORDER BY o::text) FROM idempotency.outbox o), '') || \
+                    E'\\n--\\n' || coalesce((SELECT format('seq %s %s', last_value, is_called) FROM idempotency.outbox_seq), '')";
+        let state = value(&mut self.aux, rows).unwrap_or_else(|e| describe(&e));
+        record(trace, &format!("{label} rows"), name_times(&state, times), false);
         let counts =
             "SELECT string_agg(format('%s.%s live=%s dead=%s', schemaname, relname, n_live_tup, n_dead_tup), '; ' \
                       ORDER BY schemaname, relname) FROM pg_stat_user_tables \
-                      WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger')";
+                      WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger', 'outbox')";
         record(trace, &format!("{label} tuples"), value(&mut self.aux, counts).unwrap_or_else(|e| describe(&e)), false);
         let amcheck =
             "SELECT string_agg(c.relname || bt_index_check(i.indexrelid, true)::text, ', ' ORDER BY c.relname) \
@@ -391,6 +397,57 @@ impl Db {
             (Way::Direct | Way::Statement, Op::Upsert { row }) => {
                 (vec![format!("SELECT idem_versioned_upsert('t.tab', {}::jsonb, 'version')", q(row))], Shape::Value)
             }
+            (Way::Direct | Way::Statement, Op::Send { claim, messages }) => {
+                let mut statements: Vec<String> =
+                    claim.iter().map(|(k, scope)| format!("SELECT idem_claim({}, {})", q(k), q(scope))).collect();
+                statements.extend(messages.iter().map(|m| {
+                    let key = m.key.as_ref().map(|k| format!(", key => {}", q(k))).unwrap_or_default();
+                    format!(
+                        "SELECT idem_send({}, {}::jsonb, {}, {}{key})",
+                        q(&m.topic),
+                        q(&m.payload),
+                        optional(&m.headers, "::jsonb"),
+                        optional(&m.ordering_key, "")
+                    )
+                }));
+                (statements, Shape::Value)
+            }
+            (Way::Hand, Op::Send { claim, messages }) => {
+                let mut statements: Vec<String> = claim.iter().map(|(k, scope)| claim_insert(k, scope, None)).collect();
+                // The n-th message without a key of its own after the claim has position n.
+                let mut derived = 0;
+                statements.extend(messages.iter().flat_map(|m| {
+                    let id = match (&m.key, claim) {
+                        (Some(k), _) => format!("idem_message_id({}, 'default', 0)", q(k)),
+                        (None, Some((k, scope))) => {
+                            derived += 1;
+                            format!("idem_message_id({}, {}, {derived})", q(k), q(scope))
+                        }
+                        (None, None) => unreachable!("a derived id needs a claim"),
+                    };
+                    // On a conflict idem_send compares the stored message (see Message), which
+                    // reads it: SELECT on its columns.
+                    [
+                        format!(
+                            "INSERT INTO idempotency.outbox (seq, id, topic, ordering_key, payload, headers) \
+                             VALUES (nextval('idempotency.outbox_seq'), {id}, {}, {}, {}::jsonb, {}) \
+                             ON CONFLICT (id) DO NOTHING RETURNING id",
+                            q(&m.topic),
+                            optional(&m.ordering_key, ""),
+                            q(&m.payload),
+                            optional(&m.headers, "::jsonb")
+                        ),
+                        format!(
+                            "{UNLESS_ANSWERED}SELECT CASE WHEN o.topic = {} AND o.ordering_key IS NOT DISTINCT FROM {} \
+                             AND o.payload = {}::jsonb THEN o.id END FROM idempotency.outbox o WHERE o.id = {id}",
+                            q(&m.topic),
+                            optional(&m.ordering_key, "::text"),
+                            q(&m.payload)
+                        ),
+                    ]
+                }));
+                (statements, Shape::Value)
+            }
             (Way::Hand, Op::Claim { key, scope, payload }) => {
                 (vec![claim_insert(key, scope, payload.as_deref())], Shape::Inserted)
             }
@@ -479,6 +536,21 @@ impl Db {
     }
 }
 
+/// `text` with each step's now() named by its step, newest first, so that a time is never
+/// replaced inside a longer one.
+fn name_times(text: &str, times: &[String]) -> String {
+    times
+        .iter()
+        .enumerate()
+        .rev()
+        .fold(text.to_string(), |text, (n, time)| text.replace(time.as_str(), &format!("<now of step {n}>")))
+}
+
+/// A literal with its cast, or NULL.
+fn optional(value: &Option<String>, cast: &str) -> String {
+    value.as_ref().map(|v| format!("{}{cast}", quote_literal(v))).unwrap_or_else(|| "NULL".into())
+}
+
 fn claim_insert(key: &str, scope: &str, payload: Option<&str>) -> String {
     let (key, scope) = (quote_literal(key), quote_literal(scope));
     match payload {
@@ -507,9 +579,15 @@ enum Shape {
     Batch { keys: Vec<String>, distinct: Vec<String> },
 }
 
+/// Marks a statement that runs only when the one before it returned no row.
+const UNLESS_ANSWERED: &str = "-- unless answered\n";
+
 fn execute(client: &mut Client, statements: &[String], shape: &Shape) -> Result<String, postgres::Error> {
-    let mut answers = Vec::new();
+    let mut answers: Vec<Answer> = Vec::new();
     for sql in statements {
+        if sql.starts_with(UNLESS_ANSWERED) && matches!(answers.last(), Some(Answer::Value(_))) {
+            continue;
+        }
         answers.push(run(client, sql)?);
     }
     let written = |a: &Answer| matches!(a, Answer::Rows(n) if *n > 0);
