@@ -9,8 +9,10 @@
 # where the extension is installed; databases snippets_readme_<lang> are made and dropped.
 # RabbitMQ: AMQP_URL (default amqp://guest:guest@127.0.0.1:5672). Dependencies are installed on
 # first use, pinned: examples/python/.venv (requirements.txt), examples/node/node_modules (npm ci).
-# LANGS: which consumers to run (default "python node rust"); NODE_CONSUMER / PYTHON_CONSUMER: another
-# consumer file to run in place of the example's.
+# examples/python/outbox.py, the README's outbox sequence, runs the same way (python_outbox) and its
+# outbox must hold exactly one announcement per payment, under the id the claim derives.
+# LANGS: which consumers to run (default "python python_outbox node rust"); NODE_CONSUMER,
+# PYTHON_CONSUMER, PYTHON_OUTBOX_CONSUMER: another consumer file to run in place of the example's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -123,16 +125,33 @@ SQL
   local dup
   dup=$(q "SELECT coalesce(string_agg(order_id || ' x' || n, ', '), '') FROM
            (SELECT order_id, count(*) AS n FROM payments GROUP BY 1 HAVING count(*) > 1) d")
+  # An outbox consumer announces each payment once: one message per payment, under the id its
+  # claim derives (the broker's key is order_id || ':paid'), with the payment's order and amount.
+  local announced=''
+  if [[ $lang == *_outbox ]]; then
+    announced=$(q "SELECT count(*) || ' ' || count(p.order_id) FROM idempotency.outbox o
+                   LEFT JOIN payments p ON o.id = idem_message_id(p.order_id || ':paid', 'billing', 1)
+                    AND o.topic = 'payments.paid' AND o.ordering_key = p.order_id
+                    AND o.payload ->> 'order_id' = p.order_id AND (o.payload ->> 'amount')::numeric = p.amount")
+  fi
   sql -d postgres -c "DROP DATABASE $db"
   [[ -z $dup ]] || fail "$lang: paid more than once: $dup"
   [[ $got == "$KEYS $KEYS $expected_sum" ]] ||
     fail "$lang: expected $KEYS payments summing to $expected_sum, got (rows, orders, sum) = $got"
   echo "   $lang: $KEYS payments, one per key, summing to $expected_sum: none lost, none twice"
+  if [[ $lang == *_outbox ]]; then
+    [[ $announced == "$KEYS $KEYS" ]] ||
+      fail "$lang: expected $KEYS announcements, one per payment; got (messages, matching a payment) = $announced"
+    echo "   $lang: $KEYS announcements in the outbox, one per payment, each under its claim's message id"
+  fi
 }
 
-wanted() { [[ " ${LANGS:-python node rust} " == *" $1 "* ]]; }
+wanted() { [[ " ${LANGS:-python python_outbox node rust} " == *" $1 "* ]]; }
 if wanted python; then
   run_lang python "$venv/bin/python" "${PYTHON_CONSUMER:-examples/python/consumer.py}"
+fi
+if wanted python_outbox; then
+  run_lang python_outbox "$venv/bin/python" "${PYTHON_OUTBOX_CONSUMER:-examples/python/outbox.py}"
 fi
 if wanted node; then
   run_lang node node "${NODE_CONSUMER:-examples/node/consumer.js}"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every fenced code block in README.md's section "Using it from your language" must equal, once
-# dedented, the excerpt of a file under examples/ between the lines "README:begin TAG" and
-# "README:end TAG" (in the file's own comment syntax; several such regions of one file are joined
-# by a blank line), where TAG is the block's language tag;
+# Every fenced code block but SQL in README.md's sections "Using it from your language" and
+# "Outbox" must equal, once dedented, the excerpt of a file under examples/ between the lines
+# "README:begin TAG" and "README:end TAG" ("README:begin outbox TAG" for the Outbox section; in
+# the file's own comment syntax; several such regions of one file are joined by a blank line),
+# where TAG is the block's language tag;
 # every such excerpt must be in the README once, and each tag's examples live in examples/DIR
 # (python, go, node for js, java, rust). Fails, with a diff, when the two drift. Every ```sql
 # block anywhere in the README must appear, line for line, in a pg_test/sql story.
@@ -12,51 +13,63 @@ cd "$(dirname "$0")/.."
 exec python3 - "${1:-README.md}" <<'PY'
 import difflib, pathlib, re, sys, textwrap
 
-SECTION = "## Using it from your language"
+# Each section's language blocks, and the marker prefix of their excerpts: "README:begin python"
+# for "Using it from your language", "README:begin outbox python" for the Outbox section.
+SECTIONS = {"## Using it from your language": "", "## Outbox": "outbox "}
 DIRS = {"python": "python", "go": "go", "js": "node", "java": "java", "rust": "rust"}
 readme = pathlib.Path(sys.argv[1]).read_text()
-if SECTION not in readme:
-    sys.exit(f"readme_sync: no section {SECTION!r} in {sys.argv[1]}")
-section = readme.split(SECTION, 1)[1]
-section = re.split(r"^## ", section, maxsplit=1, flags=re.M)[0]
-blocks = re.findall(r"^```(\S*)\n(.*?)^```$", section, flags=re.S | re.M)
 
-excerpts = {}  # tag -> (file, text)
+
+def section_blocks(heading):
+    parts = re.split(rf"^{re.escape(heading)}.*$", readme, maxsplit=1, flags=re.M)
+    if len(parts) < 2:
+        sys.exit(f"readme_sync: no section {heading!r} in {sys.argv[1]}")
+    body = re.split(r"^## ", parts[1], maxsplit=1, flags=re.M)[0]
+    return [(tag, text) for tag, text in re.findall(r"^```(\S*)\n(.*?)^```$", body, flags=re.S | re.M) if tag != "sql"]
+
+
+excerpts = {}  # marker ("outbox python") -> (file, text)
 for tag, folder in DIRS.items():
     for path in sorted(pathlib.Path("examples", folder).rglob("*")):
         if not path.is_file() or any(p in path.parts for p in ("node_modules", ".venv", "target")):
             continue
         lines = path.read_text(errors="replace").splitlines(keepends=True)
-        begin = [i for i, l in enumerate(lines) if re.search(rf"README:begin {re.escape(tag)}\s*$", l)]
-        end = [i for i, l in enumerate(lines) if re.search(rf"README:end {re.escape(tag)}\s*$", l)]
-        if not begin and not end:
-            continue
-        if len(begin) != len(end) or tag in excerpts or any(
-                not b < e for b, e in zip(begin, end)) or any(e > b for e, b in zip(end, begin[1:])):
-            sys.exit(f"readme_sync: {path}: want 'README:begin {tag}' and 'README:end {tag}' in pairs, "
-                     f"in one file of examples/{folder}")
-        # Several regions of one file make one snippet, a blank line between them.
-        excerpts[tag] = (path, "\n".join(textwrap.dedent("".join(lines[b + 1:e])) for b, e in zip(begin, end)))
+        for prefix in SECTIONS.values():
+            marker = prefix + tag
+            begin = [i for i, l in enumerate(lines) if re.search(rf"README:begin {re.escape(marker)}\s*$", l)]
+            end = [i for i, l in enumerate(lines) if re.search(rf"README:end {re.escape(marker)}\s*$", l)]
+            if not begin and not end:
+                continue
+            if len(begin) != len(end) or marker in excerpts or any(
+                    not b < e for b, e in zip(begin, end)) or any(e > b for e, b in zip(end, begin[1:])):
+                sys.exit(f"readme_sync: {path}: want 'README:begin {marker}' and 'README:end {marker}' in pairs, "
+                         f"in one file of examples/{folder}")
+            # Several regions of one file make one snippet, a blank line between them.
+            excerpts[marker] = (path, "\n".join(textwrap.dedent("".join(lines[b + 1:e])) for b, e in zip(begin, end)))
 
 failed = []
 seen = set()
-for tag, body in blocks:
-    if tag not in DIRS:
-        failed.append(f"a ```{tag} block: no examples/ folder for that language tag")
-        continue
-    if tag in seen:
-        failed.append(f"two ```{tag} blocks; each language has one snippet")
-        continue
-    seen.add(tag)
-    if tag not in excerpts:
-        failed.append(f"the ```{tag} block has no 'README:begin {tag}' excerpt under examples/{DIRS[tag]}")
-        continue
-    path, text = excerpts[tag]
-    if body != text:
-        diff = "".join(difflib.unified_diff(text.splitlines(True), body.splitlines(True), str(path), "README.md"))
-        failed.append(f"the ```{tag} block differs from {path}:\n{diff}")
-for tag in excerpts.keys() - seen:
-    failed.append(f"{excerpts[tag][0]} has a README excerpt that is not in the README")
+blocks = []
+for heading, prefix in SECTIONS.items():
+    for tag, body in section_blocks(heading):
+        blocks.append((prefix + tag, body))
+        marker = prefix + tag
+        if tag not in DIRS:
+            failed.append(f"a ```{tag} block in {heading!r}: no examples/ folder for that language tag")
+            continue
+        if marker in seen:
+            failed.append(f"two ```{tag} blocks in {heading!r}; each language has one snippet there")
+            continue
+        seen.add(marker)
+        if marker not in excerpts:
+            failed.append(f"the ```{tag} block of {heading!r} has no 'README:begin {marker}' excerpt under examples/{DIRS[tag]}")
+            continue
+        path, text = excerpts[marker]
+        if body != text:
+            diff = "".join(difflib.unified_diff(text.splitlines(True), body.splitlines(True), str(path), "README.md"))
+            failed.append(f"the ```{tag} block of {heading!r} differs from {path}:\n{diff}")
+for marker in excerpts.keys() - seen:
+    failed.append(f"{excerpts[marker][0]} has a README excerpt ({marker}) that is not in the README")
 # Every SQL block anywhere in the README runs, as written, in a pg_regress story.
 stories = {path: path.read_text() for path in sorted(pathlib.Path("pg_test/sql").glob("*.sql"))}
 sql_blocks = re.findall(r"^```sql\n(.*?)^```$", readme, flags=re.S | re.M)

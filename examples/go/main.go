@@ -48,6 +48,10 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	if os.Getenv("ANNOUNCE") != "" {
+		consumeAndAnnounce(ctx, pool, deliveries)
+		return
+	}
 	// README:begin go
 	for d := range deliveries {
 		if err := pay(ctx, pool, d); err != nil {

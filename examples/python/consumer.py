@@ -38,7 +38,7 @@ def on_message(channel, method, properties, body):
 # README:end python
 
 
-def main():
+def main(handler=on_message):
     logging.basicConfig(level=logging.INFO)
     url = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
     queue = os.environ.get("QUEUE", "payments")
@@ -46,7 +46,7 @@ def main():
     channel = broker.channel()
     channel.queue_declare(queue, durable=True)
     channel.basic_qos(prefetch_count=10)
-    channel.basic_consume(queue, on_message)
+    channel.basic_consume(queue, handler)
     channel.start_consuming()
 
 

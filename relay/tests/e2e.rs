@@ -4,9 +4,9 @@
 //!   (half to a RabbitMQ queue, half to a JetStream stream), four relay processes, one killed
 //!   with SIGKILL mid-stream. Consumers on the other side dedup with their own claim; each
 //!   message is applied exactly once, and each key's messages arrive in order.
-//! - `a_broker_outage_marks_nothing`: the relay reaches RabbitMQ through a loopback TCP proxy
-//!   that the test cuts: meanwhile nothing is marked sent, and everything arrives once the
-//!   proxy is back.
+//! - `a_rabbitmq_outage_marks_nothing`, `a_nats_outage_marks_nothing`: the relay reaches the
+//!   broker through a loopback TCP proxy that the test cuts: meanwhile nothing is marked sent,
+//!   and everything arrives once the proxy is back.
 //!
 //! Each test declares a uniquely named queue and stream and deletes them at the end, and runs
 //! in a database of its own. PGHOST/PGPORT/PGUSER point at the server; AMQP_URL and NATS_URL
@@ -95,12 +95,35 @@ impl Drop for Database {
 
 struct Relay(Child);
 
+/// Where a relay reaches the brokers: the machine's, or a proxy in front of one.
+#[derive(Clone)]
+struct Brokers {
+    amqp: String,
+    nats: String,
+}
+
+impl Brokers {
+    fn machine() -> Brokers {
+        Brokers {
+            amqp: env_or("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672"),
+            nats: env_or("NATS_URL", "nats://127.0.0.1:4222"),
+        }
+    }
+}
+
+/// The host:port of a broker URL (amqp://user:pass@host:port/vhost, nats://host:port).
+fn address(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.rsplit('@').next().unwrap_or(rest);
+    rest.split('/').next().unwrap_or(rest).to_string()
+}
+
 impl Relay {
-    fn start(name: &str, dbname: &str, amqp_url: &str, routes: &str) -> Relay {
+    fn start(name: &str, dbname: &str, brokers: &Brokers, routes: &str) -> Relay {
         let child = Command::new(env!("CARGO_BIN_EXE_idempotency-relay"))
             .env("DATABASE_URL", format!("{} application_name={name}", pg_url(dbname)))
-            .env("AMQP_URL", amqp_url)
-            .env("NATS_URL", env_or("NATS_URL", "nats://127.0.0.1:4222"))
+            .env("AMQP_URL", &brokers.amqp)
+            .env("NATS_URL", &brokers.nats)
             .env("RELAY_ROUTES", routes)
             .env("RELAY_BATCH_SIZE", "50")
             .env("RELAY_LOG_EVERY_S", "5")
@@ -229,6 +252,21 @@ async fn declare_queue(amqp_url: &str, queue: &str) -> (Connection, lapin::Chann
     (rabbit, admin)
 }
 
+/// A JetStream stream for the test, whose duplicate window outlasts the test, so a message the
+/// relay publishes again is dropped by id.
+async fn create_stream(nats_url: &str, stream: &str, subject: &str) -> async_nats::jetstream::Context {
+    let js = async_nats::jetstream::new(async_nats::connect(nats_url).await.unwrap());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: stream.to_string(),
+        subjects: vec![subject.to_string()],
+        duplicate_window: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js
+}
+
 async fn count(db: &Client, sql: &str) -> i64 {
     db.query_one(sql, &[]).await.unwrap().get(0)
 }
@@ -254,23 +292,15 @@ fn assert_in_order(seen: &Seen, keys: usize, per_key: usize) {
 async fn ten_thousand_messages_four_relays_one_killed() {
     const KEYS: usize = 200;
     const PER_KEY: usize = 50;
-    let amqp_url = env_or("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672");
+    let brokers = Brokers::machine();
+    let amqp_url = brokers.amqp.clone();
     let (queue, stream) = (unique("idem_e2e_q"), unique("IDEM_E2E_S"));
     let subject = format!("{}.events", stream.to_lowercase());
     let database = Database::create(&unique("idem_e2e")).await;
     let db = pg(&database.name).await;
 
     let (_rabbit, admin) = declare_queue(&amqp_url, &queue).await;
-    let js =
-        async_nats::jetstream::new(async_nats::connect(env_or("NATS_URL", "nats://127.0.0.1:4222")).await.unwrap());
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: stream.clone(),
-        subjects: vec![subject.clone()],
-        duplicate_window: Duration::from_secs(600),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let js = create_stream(&brokers.nats, &stream, &subject).await;
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -286,7 +316,7 @@ async fn ten_thousand_messages_four_relays_one_killed() {
     ];
     let routes = format!("{queue}=rabbitmq,{subject}=nats");
     let mut relays: Vec<Relay> =
-        (0..4).map(|i| Relay::start(&format!("e2e-relay-{i}"), &database.name, &amqp_url, &routes)).collect();
+        (0..4).map(|i| Relay::start(&format!("e2e-relay-{i}"), &database.name, &brokers, &routes)).collect();
 
     // Senders commit while the relays run: keys 0..99 go to RabbitMQ, 100..199 to NATS; each
     // transaction sends the next message of 20 keys.
@@ -411,24 +441,44 @@ impl Proxy {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_outage_marks_nothing() {
-    const MESSAGES: i64 = 300;
-    let amqp_url = env_or("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672");
-    let queue = unique("idem_e2e_outage");
-    let database = Database::create(&unique("idem_e2e_outage")).await;
-    let db = pg(&database.name).await;
-    let (rabbit, admin) = declare_queue(&amqp_url, &queue).await;
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Broker {
+    RabbitMq,
+    Nats,
+}
 
-    let broker = amqp_url.rsplit('@').next().unwrap().trim_end_matches('/').to_string();
-    let proxy = Proxy::start(broker.clone());
-    let proxied = amqp_url.replace(&broker, &format!("127.0.0.1:{}", proxy.port));
-    let relay = Relay::start("e2e-outage-relay", &database.name, &proxied, &format!("{queue}=rabbitmq"));
+/// The relay reaches `broker` through a proxy the test cuts while messages wait: meanwhile
+/// nothing is marked sent and no message counts a failure; once the proxy is back every message
+/// arrives, repeats (published before the cut, unconfirmed) under the same id.
+async fn an_outage_marks_nothing(broker: Broker) {
+    const MESSAGES: i64 = 300;
+    let machine = Brokers::machine();
+    let name = unique("idem_e2e_outage");
+    let database = Database::create(&name).await;
+    let db = pg(&database.name).await;
+    let (stream, subject) = (name.to_uppercase(), format!("{name}.events"));
+    let (rabbit, js) = match broker {
+        Broker::RabbitMq => (Some(declare_queue(&machine.amqp, &name).await), None),
+        Broker::Nats => (None, Some(create_stream(&machine.nats, &stream, &subject).await)),
+    };
+
+    let (url, topic, route) = match broker {
+        Broker::RabbitMq => (&machine.amqp, &name, "rabbitmq"),
+        Broker::Nats => (&machine.nats, &subject, "nats"),
+    };
+    let target = address(url);
+    let proxy = Proxy::start(target.clone());
+    let proxied = url.replace(&target, &format!("127.0.0.1:{}", proxy.port));
+    let brokers = match broker {
+        Broker::RabbitMq => Brokers { amqp: proxied, ..machine.clone() },
+        Broker::Nats => Brokers { nats: proxied, ..machine.clone() },
+    };
+    let relay = Relay::start("e2e-outage-relay", &database.name, &brokers, &format!("{topic}={route}"));
 
     let send = async |from: i64, to: i64| {
         db.execute(
             "SELECT count(idem_send($1, jsonb_build_object('key', 'k' || (n % 10), 'n', n / 10), ordering_key => 'k' || (n % 10), key => 'm' || n)) FROM generate_series($2::int8, $3::int8) AS n",
-            &[&queue, &from, &(to - 1)],
+            &[topic, &from, &(to - 1)],
         )
         .await
         .unwrap();
@@ -444,9 +494,9 @@ async fn a_broker_outage_marks_nothing() {
     // Through the outage (several of the relay's retries), nothing more is marked sent.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let marked = count(&db, "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NOT NULL").await;
-    assert_eq!(marked, MESSAGES / 2, "messages were marked sent while the broker was unreachable");
+    assert_eq!(marked, MESSAGES / 2, "{broker:?}: messages were marked sent while the broker was unreachable");
     let failed = count(&db, "SELECT count(*) FROM idempotency.outbox WHERE attempts > 0").await;
-    assert_eq!(failed, 0, "an outage is not a message's failure");
+    assert_eq!(failed, 0, "{broker:?}: an outage is not a message's failure");
 
     proxy.restore();
     wait_for("everything sent after the outage", async || {
@@ -455,15 +505,36 @@ async fn a_broker_outage_marks_nothing() {
     .await;
     assert!(relay.stop().success());
 
-    // Everything reached the queue; repeats (published before a cut, unconfirmed) carry the
-    // same message id, and there are none missing.
-    let channel = rabbit.create_channel().await.unwrap();
-    let mut ids = std::collections::HashSet::new();
-    while let Some(message) =
-        channel.basic_get(queue.as_str().into(), lapin::options::BasicGetOptions { no_ack: true }).await.unwrap()
-    {
-        ids.insert(message.delivery.properties.message_id().as_ref().unwrap().to_string());
-    }
-    assert_eq!(ids.len() as i64, MESSAGES, "every message reached the queue");
-    admin.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    // Every message is there, once per id: RabbitMQ keeps repeats (the queue is read by id),
+    // JetStream drops them within its duplicate window.
+    let arrived = match (rabbit, js) {
+        (Some((rabbit, admin)), _) => {
+            let channel = rabbit.create_channel().await.unwrap();
+            let mut ids = std::collections::HashSet::new();
+            while let Some(message) =
+                channel.basic_get(name.as_str().into(), lapin::options::BasicGetOptions { no_ack: true }).await.unwrap()
+            {
+                ids.insert(message.delivery.properties.message_id().as_ref().unwrap().to_string());
+            }
+            admin.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+            ids.len() as i64
+        }
+        (None, Some(js)) => {
+            let messages = js.get_stream(&stream).await.unwrap().info().await.unwrap().state.messages;
+            js.delete_stream(&stream).await.unwrap();
+            messages as i64
+        }
+        (None, None) => unreachable!("one broker"),
+    };
+    assert_eq!(arrived, MESSAGES, "{broker:?}: every message arrived, once per id");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rabbitmq_outage_marks_nothing() {
+    an_outage_marks_nothing(Broker::RabbitMq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_outage_marks_nothing() {
+    an_outage_marks_nothing(Broker::Nats).await;
 }

@@ -820,20 +820,13 @@ pub struct Shape {
 
 thread_local! {
     /// Whether the table of an OID has its shape, until the next invalidation of its relcache
-    /// entry (ALTER TABLE, a new default, a new index).
-    static SHAPED: std::cell::RefCell<std::collections::HashMap<pg_sys::Oid, bool>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    /// entry (ALTER TABLE, a new default, a new index). A list: it holds one entry per owned
+    /// table, searched on every write.
+    static SHAPED: std::cell::RefCell<Vec<(pg_sys::Oid, bool)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 unsafe extern "C-unwind" fn forget_shape(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    SHAPED.with(|shaped| {
-        let mut shaped = shaped.borrow_mut();
-        if relid == pg_sys::InvalidOid {
-            shaped.clear();
-        } else {
-            shaped.remove(&relid);
-        }
-    });
+    SHAPED.with(|shaped| shaped.borrow_mut().retain(|(oid, _)| relid != pg_sys::InvalidOid && *oid != relid));
 }
 
 impl Shape {
@@ -843,7 +836,7 @@ impl Shape {
     /// `rel` must be open.
     pub unsafe fn fits(&self, rel: pg_sys::Relation) -> bool {
         let relid = (*rel).rd_id;
-        if let Some(fits) = SHAPED.with(|s| s.borrow().get(&relid).copied()) {
+        if let Some(fits) = SHAPED.with(|s| s.borrow().iter().find(|(oid, _)| *oid == relid).map(|(_, fits)| *fits)) {
             return fits;
         }
         thread_local! { static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) }; }
@@ -859,7 +852,7 @@ impl Shape {
             && attrs.iter().all(|attr| attr.attidentity == 0 && attr.attgenerated == 0)
             && attrs.iter().all(|attr| attr.atthasdef == has_default(attr.attnum))
             && self.defaults.iter().all(|(attnum, default)| default_is(rel, *attnum, default));
-        SHAPED.with(|s| s.borrow_mut().insert(relid, fits));
+        SHAPED.with(|s| s.borrow_mut().push((relid, fits)));
         fits
     }
 }
