@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
 # Drain rate to RabbitMQ: idempotency-relay against the hand-written SKIP LOCKED relay
 # (relay/examples/hand_relay.rs: same batch size, same publisher confirms), with 1 and with 4
-# relays. Each round fills the outbox with DRAIN_MESSAGES messages over 200 ordering keys,
-# starts the relays, and times them until nothing is pending; the contenders alternate round by
+# relays, and with each of DRAIN_KEYS ordering keys. Each round fills the outbox with
+# DRAIN_MESSAGES messages over that many ordering keys, starts the relays, and times them until
+# nothing is pending; the contenders alternate round by
 # round and the summary takes the median. Run by bench/run.sh (inside its cluster: PGHOST,
 # PGPORT, PGUSER are set), after the pgbench contenders.
 #
-#   DRAIN_MESSAGES (default 20000), DRAIN_ROUNDS (default 3); AMQP_URL etc.: see bench/relays.sh
+# A key's messages are published one at a time, each after the broker confirmed the one before,
+# so a backlog can have at most as many messages in flight as it has keys: with 200 keys four
+# relays share 200 messages in flight, where four hand-written relays, which keep no order, have
+# 400. 2000 keys is a backlog of many entities, as an outbox of orders or accounts has.
+#
+#   DRAIN_MESSAGES (default 20000), DRAIN_KEYS (default "200 2000"), DRAIN_ROUNDS (default 3);
+#   AMQP_URL etc.: see bench/relays.sh
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DRAIN_MESSAGES=${DRAIN_MESSAGES:-20000}
 DRAIN_ROUNDS=${DRAIN_ROUNDS:-3}
+DRAIN_KEYS=${DRAIN_KEYS:-200 2000}
 BATCH=100
 source "$HERE/relays.sh"
 use_queue "idem_bench_drain_$$"
 
-fill() {  # fill ext|hand
+fill() {  # fill ext|hand KEYS
   sql -c "TRUNCATE idempotency.outbox, hand_outbox"
   if [ "$1" = ext ]; then
-    sql -c "SELECT count(idem_send('$QUEUE', jsonb_build_object('amount', 10, 'n', n), ordering_key => 'order-' || (n % 200), key => 'drain-' || n)) FROM generate_series(1, $DRAIN_MESSAGES) AS n" >/dev/null
+    sql -c "SELECT count(idem_send('$QUEUE', jsonb_build_object('amount', 10, 'n', n), ordering_key => 'order-' || (n % $2), key => 'drain-' || n)) FROM generate_series(1, $DRAIN_MESSAGES) AS n" >/dev/null
   else
-    sql -c "INSERT INTO hand_outbox (id, topic, ordering_key, payload) SELECT gen_random_uuid(), '$QUEUE', 'order-' || (n % 200), jsonb_build_object('amount', 10, 'n', n) FROM generate_series(1, $DRAIN_MESSAGES) AS n"
+    sql -c "INSERT INTO hand_outbox (id, topic, ordering_key, payload) SELECT gen_random_uuid(), '$QUEUE', 'order-' || (n % $2), jsonb_build_object('amount', 10, 'n', n) FROM generate_series(1, $DRAIN_MESSAGES) AS n"
   fi
   sql -c "VACUUM ANALYZE idempotency.outbox" ; sql -c "VACUUM ANALYZE hand_outbox"
   "$BIN/examples/queue" "$AMQP_URL" purge "$QUEUE"
@@ -28,9 +36,9 @@ fill() {  # fill ext|hand
 pending() {  # pending ext|hand
   if [ "$1" = ext ]; then sql -c "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL"; else sql -c "SELECT count(*) FROM hand_outbox"; fi
 }
-drain() {  # drain ext|hand RELAYS: prints messages per second
+drain() {  # drain ext|hand RELAYS KEYS: prints messages per second
   local start end i
-  fill "$1"
+  fill "$1" "$3"
   PIDS=()
   start=$(date +%s.%N)
   for ((i = 0; i < $2; i++)); do
@@ -51,16 +59,18 @@ drain() {  # drain ext|hand RELAYS: prints messages per second
 }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END { if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2] + v[NR/2+1]) / 2 }'; }
 
-echo "-- drain to RabbitMQ: $DRAIN_MESSAGES messages over 200 ordering keys, batches of $BATCH, publisher confirms, $DRAIN_ROUNDS alternating rounds --"
-for relays in 1 4; do
-  ext_rates='' hand_rates='' ratios=''
-  for ((r = 1; r <= DRAIN_ROUNDS; r++)); do
-    e=$(drain ext $relays); h=$(drain hand $relays)
-    ext_rates+=" $e" hand_rates+=" $h" ratios+=" $(awk -v a="$e" -v b="$h" 'BEGIN { printf "%.3f", a / b }')"
-    echo "  $relays relay(s), round $r: idempotency-relay $e msg/s, hand-written SKIP LOCKED $h msg/s"
+echo "-- drain to RabbitMQ: $DRAIN_MESSAGES messages over $DRAIN_KEYS ordering keys, batches of $BATCH, publisher confirms, $DRAIN_ROUNDS alternating rounds --"
+for keys in $DRAIN_KEYS; do
+  for relays in 1 4; do
+    ext_rates='' hand_rates='' ratios=''
+    for ((r = 1; r <= DRAIN_ROUNDS; r++)); do
+      e=$(drain ext $relays $keys); h=$(drain hand $relays $keys)
+      ext_rates+=" $e" hand_rates+=" $h" ratios+=" $(awk -v a="$e" -v b="$h" 'BEGIN { printf "%.3f", a / b }')"
+      echo "  $keys keys, $relays relay(s), round $r: idempotency-relay $e msg/s, hand-written SKIP LOCKED $h msg/s"
+    done
+    em=$(echo "$ext_rates" | median); hm=$(echo "$hand_rates" | median); rm_=$(echo "$ratios" | median)
+    verdict=$(awk -v x="$rm_" 'BEGIN { print (x >= 1.0) ? "PASS" : "MISS" }')
+    printf 'drain, %d keys, %d relay(s): idempotency-relay %.0f msg/s, hand %.0f msg/s, ratio %.2f (rounds:%s)   target >= 1.00   %s\n' \
+      "$keys" "$relays" "$em" "$hm" "$rm_" "$ratios" "$verdict"
   done
-  em=$(echo "$ext_rates" | median); hm=$(echo "$hand_rates" | median); rm_=$(echo "$ratios" | median)
-  verdict=$(awk -v x="$rm_" 'BEGIN { print (x >= 1.0) ? "PASS" : "MISS" }')
-  printf 'drain, %d relay(s): idempotency-relay %.0f msg/s, hand %.0f msg/s, ratio %.2f (rounds:%s)   target >= 1.00   %s\n' \
-    "$relays" "$em" "$hm" "$rm_" "$ratios" "$verdict"
 done

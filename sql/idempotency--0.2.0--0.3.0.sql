@@ -81,7 +81,10 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+  keyless uuid[];
+  after text;
   heads uuid[];
+  last_key text;
   followers uuid[];
 BEGIN
   PERFORM idempotency.require_transaction_block('idem_outbox_take');
@@ -106,35 +109,71 @@ BEGIN
       MESSAGE = 'idempotency.outbox_seq has a CACHE above 1, which numbers messages out of commit order',
       HINT = 'ALTER SEQUENCE idempotency.outbox_seq CACHE 1;';
   END IF;
-  -- Messages without an ordering key, and the first pending message (the head) of each
-  -- ordering key, oldest first, once due; locked, skipping any another relay holds. Only a
-  -- head is ever taken this way, so whoever holds a key's head holds the key. The heads are
-  -- found by skipping through the pending index from one key to the next (a recursive
-  -- query), so a take costs one index probe per key with pending messages, however many
-  -- messages each key has waiting.
-  heads := ARRAY(
-    WITH RECURSIVE head AS (
+  -- Messages without an ordering key, oldest first, up to half the batch (rounded down, so a
+  -- batch of one goes to a key first): locked, skipping any another relay holds.
+  keyless := ARRAY(
+    SELECT k.id FROM idempotency.outbox AS k
+    WHERE k.ordering_key IS NULL AND k.sent_at IS NULL AND k.set_aside_at IS NULL
+      AND (k.retry_at IS NULL OR k.retry_at <= clock_timestamp())
+    ORDER BY k.seq
+    LIMIT batch_size / 2
+    FOR UPDATE SKIP LOCKED);
+  -- Then the first pending message (the head) of ordering keys, key after key through the
+  -- pending index, locked, skipping any another relay holds; only a head is ever taken this
+  -- way, so whoever holds a key's head holds the key. The walk starts after the last key this
+  -- session took and wraps around, so every key gets its turn however many there are, and it
+  -- stops as soon as the batch is full: a take costs one index probe per key it passes, not
+  -- per key with pending messages.
+  -- No key yet: '' sorts before every other key, so the walk starts at the first.
+  after := coalesce(current_setting('idempotency.outbox_take_after', true), '');
+  SELECT coalesce(array_agg(t.id ORDER BY t.lap, t.ordering_key), '{}'),
+         (array_agg(t.ordering_key ORDER BY t.lap DESC, t.ordering_key DESC))[1]
+    INTO heads, last_key
+  FROM (
+    WITH RECURSIVE later AS (
       (SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
-       WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key IS NOT NULL
+       WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key > after
        ORDER BY h.ordering_key, h.seq LIMIT 1)
       UNION ALL
-      SELECT n.ordering_key, n.id FROM head AS p CROSS JOIN LATERAL (
+      SELECT n.ordering_key, n.id FROM later AS p CROSS JOIN LATERAL (
         SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
         WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key > p.ordering_key
         ORDER BY h.ordering_key, h.seq LIMIT 1) AS n
-    ), keyless AS (
-      -- Room for the messages other relays hold, which the lock below skips.
+    ), earlier AS (
+      (SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
+       WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key IS NOT NULL
+         AND h.ordering_key <= after
+       ORDER BY h.ordering_key, h.seq LIMIT 1)
+      UNION ALL
+      SELECT n.ordering_key, n.id FROM earlier AS p CROSS JOIN LATERAL (
+        SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
+        WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key > p.ordering_key
+          AND h.ordering_key <= after
+        ORDER BY h.ordering_key, h.seq LIMIT 1) AS n
+    ), walk AS (
+      SELECT 1 AS lap, later.ordering_key, later.id FROM later
+      UNION ALL
+      SELECT 2, earlier.ordering_key, earlier.id FROM earlier
+    )
+    SELECT w.lap, w.ordering_key, l.id FROM walk AS w CROSS JOIN LATERAL (
+      SELECT o.id FROM idempotency.outbox AS o
+      WHERE o.id = w.id AND o.sent_at IS NULL AND o.set_aside_at IS NULL
+        AND (o.retry_at IS NULL OR o.retry_at <= clock_timestamp())
+      FOR UPDATE SKIP LOCKED) AS l
+    LIMIT batch_size - cardinality(keyless)) AS t;
+  IF last_key IS NOT NULL THEN
+    PERFORM set_config('idempotency.outbox_take_after', last_key, false);
+  END IF;
+  -- Room left by both: more messages without a key.
+  IF cardinality(keyless) + cardinality(heads) < batch_size THEN
+    keyless := keyless || ARRAY(
       SELECT k.id FROM idempotency.outbox AS k
       WHERE k.ordering_key IS NULL AND k.sent_at IS NULL AND k.set_aside_at IS NULL
-      ORDER BY k.seq LIMIT batch_size * 8
-    )
-    SELECT o.id FROM idempotency.outbox AS o
-    WHERE o.id IN (SELECT head.id FROM head UNION ALL SELECT keyless.id FROM keyless)
-      AND o.sent_at IS NULL AND o.set_aside_at IS NULL
-      AND (o.retry_at IS NULL OR o.retry_at <= clock_timestamp())
-    ORDER BY o.seq
-    LIMIT batch_size
-    FOR UPDATE SKIP LOCKED);
+        AND (k.retry_at IS NULL OR k.retry_at <= clock_timestamp()) AND k.id <> ALL (keyless)
+      ORDER BY k.seq
+      LIMIT batch_size - cardinality(keyless) - cardinality(heads)
+      FOR UPDATE SKIP LOCKED);
+  END IF;
   -- Behind the heads it holds, the next messages of the same keys, in order, to fill the
   -- batch. Nobody else takes them: no other relay holds their key's head. A key's followers
   -- end before its first message that is not due yet (one that failed).
@@ -148,12 +187,12 @@ BEGIN
             WHERE w.ordering_key = f.ordering_key AND w.seq <= f.seq
               AND w.sent_at IS NULL AND w.set_aside_at IS NULL AND w.retry_at > clock_timestamp())
     ORDER BY f.seq
-    LIMIT batch_size - cardinality(heads)
+    LIMIT batch_size - cardinality(keyless) - cardinality(heads)
     FOR UPDATE);
   RETURN QUERY
     SELECT o.id, o.topic, o.ordering_key, o.payload, o.headers, o.attempts, o.created_at
     FROM idempotency.outbox AS o
-    WHERE o.id = ANY (heads || followers)
+    WHERE o.id = ANY (keyless || heads || followers)
     ORDER BY o.seq;
 END
 $$;

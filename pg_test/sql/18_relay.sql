@@ -25,8 +25,8 @@ BEGIN;
 SELECT topic, ordering_key, payload->>'step' AS step FROM idem_outbox_take(100);
 ROLLBACK;
 
--- A small batch takes the oldest of the keys' heads and the keyless messages, and then the
--- messages behind the heads it took, as far as it has room.
+-- A small batch takes the keyless messages, oldest first, up to half of it, then the heads of
+-- keys, key after key, and then the messages behind the heads it took, as far as it has room.
 BEGIN;
 SELECT ordering_key, payload->>'step' AS step FROM idem_outbox_take(4);
 ROLLBACK;
@@ -110,4 +110,28 @@ SELECT sqlstate_of($$SELECT idem_outbox_failed(gen_random_uuid(), 'x', '-1 s')$$
 SELECT idem_outbox_failed(gen_random_uuid(), 'unknown id') AS outcome;
 ROLLBACK;
 
+TRUNCATE idempotency.outbox;
+
+-- Many keys, small batches: a take walks the keys from the one after the last key this
+-- session took (idempotency.outbox_take_after, kept when the take commits) and wraps around,
+-- so every key gets its turn, however many keys have messages waiting.
+SELECT count(idem_send('orders', jsonb_build_object('n', n), ordering_key => 'key-' || (n % 5), key => 'turn-' || n))
+FROM generate_series(1, 10) AS n;
+SET idempotency.outbox_take_after = '';
+BEGIN;
+SELECT string_agg(ordering_key || ':' || (payload->>'n'), ' ' ORDER BY ordering_key) AS first_take FROM idem_outbox_take(2);
+COMMIT;
+SHOW idempotency.outbox_take_after;
+BEGIN;
+SELECT string_agg(ordering_key || ':' || (payload->>'n'), ' ' ORDER BY ordering_key) AS second_take FROM idem_outbox_take(2);
+COMMIT;
+BEGIN;
+SELECT string_agg(ordering_key || ':' || (payload->>'n'), ' ' ORDER BY ordering_key) AS third_take_wraps FROM idem_outbox_take(2);
+COMMIT;
+-- A take rolled back leaves the session where it was.
+BEGIN;
+SELECT string_agg(ordering_key, ' ') AS rolled_back FROM idem_outbox_take(2);
+ROLLBACK;
+SHOW idempotency.outbox_take_after;
+RESET idempotency.outbox_take_after;
 TRUNCATE idempotency.outbox;
