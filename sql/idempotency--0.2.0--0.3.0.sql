@@ -131,33 +131,36 @@ BEGIN
     INTO heads, last_key
   FROM (
     WITH RECURSIVE later AS (
-      (SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
+      (SELECT h.ordering_key, h.id, h.seq FROM idempotency.outbox AS h
        WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key > after
        ORDER BY h.ordering_key, h.seq LIMIT 1)
       UNION ALL
-      SELECT n.ordering_key, n.id FROM later AS p CROSS JOIN LATERAL (
-        SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
+      SELECT n.ordering_key, n.id, n.seq FROM later AS p CROSS JOIN LATERAL (
+        SELECT h.ordering_key, h.id, h.seq FROM idempotency.outbox AS h
         WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key > p.ordering_key
         ORDER BY h.ordering_key, h.seq LIMIT 1) AS n
     ), earlier AS (
-      (SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
+      (SELECT h.ordering_key, h.id, h.seq FROM idempotency.outbox AS h
        WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key IS NOT NULL
          AND h.ordering_key <= after
        ORDER BY h.ordering_key, h.seq LIMIT 1)
       UNION ALL
-      SELECT n.ordering_key, n.id FROM earlier AS p CROSS JOIN LATERAL (
-        SELECT h.ordering_key, h.id FROM idempotency.outbox AS h
+      SELECT n.ordering_key, n.id, n.seq FROM earlier AS p CROSS JOIN LATERAL (
+        SELECT h.ordering_key, h.id, h.seq FROM idempotency.outbox AS h
         WHERE h.sent_at IS NULL AND h.set_aside_at IS NULL AND h.ordering_key > p.ordering_key
           AND h.ordering_key <= after
         ORDER BY h.ordering_key, h.seq LIMIT 1) AS n
     ), walk AS (
-      SELECT 1 AS lap, later.ordering_key, later.id FROM later
+      SELECT 1 AS lap, later.ordering_key, later.id, later.seq FROM later
       UNION ALL
-      SELECT 2, earlier.ordering_key, earlier.id FROM earlier
+      SELECT 2, earlier.ordering_key, earlier.id, earlier.seq FROM earlier
     )
     SELECT w.lap, w.ordering_key, l.id FROM walk AS w CROSS JOIN LATERAL (
+      -- The same seq as the walk saw: READ COMMITTED rechecks a row this waits for or finds
+      -- changed, and a message requeued meanwhile (a new seq, behind its key's other
+      -- messages) is no longer the head.
       SELECT o.id FROM idempotency.outbox AS o
-      WHERE o.id = w.id AND o.sent_at IS NULL AND o.set_aside_at IS NULL
+      WHERE o.id = w.id AND o.seq = w.seq AND o.sent_at IS NULL AND o.set_aside_at IS NULL
         AND (o.retry_at IS NULL OR o.retry_at <= clock_timestamp())
       FOR UPDATE SKIP LOCKED) AS l
     LIMIT batch_size - cardinality(keyless)) AS t;

@@ -51,3 +51,27 @@ RESET enable_bitmapscan;
 SELECT * FROM summarized WHERE seen = 20;
 RESET enable_seqscan;
 DROP TABLE summarized;
+
+-- The send takes the direct path as well, unless the outbox has a CHECK (or an index
+-- expression or predicate) that calls a function that is not immutable: such a function may
+-- read tables, and it must read them as the statement does through SPI, under a new snapshot.
+CREATE FUNCTION kept_send_plans() RETURNS bigint LANGUAGE sql AS $$
+  SELECT count(*) FROM pg_backend_memory_contexts
+  WHERE name = 'CachedPlanSource' AND ident LIKE 'INSERT INTO idempotency.outbox (seq, id,%'
+$$;
+SET idempotency.direct_writes = on;
+BEGIN;
+SELECT idem_send('path', '{}', key => 'path-direct') IS NOT NULL AS sent;
+SELECT kept_send_plans() AS send_plans;
+ROLLBACK;
+CREATE FUNCTION outbox_rows() RETURNS bigint STABLE LANGUAGE sql AS 'SELECT count(*) FROM idempotency.outbox';
+ALTER TABLE idempotency.outbox ADD CONSTRAINT outbox_reads CHECK (outbox_rows() < 1);
+BEGIN;
+SELECT idem_send('path', '{}', key => 'path-check-1') IS NOT NULL AS sent;
+SELECT kept_send_plans() AS send_plans;
+-- The second send's CHECK sees the first row, as the statement's would.
+SELECT sqlstate_of($$SELECT idem_send('path', '{}', key => 'path-check-2')$$) AS second_send;
+ROLLBACK;
+ALTER TABLE idempotency.outbox DROP CONSTRAINT outbox_reads;
+DROP FUNCTION outbox_rows(), kept_send_plans();
+RESET idempotency.direct_writes;

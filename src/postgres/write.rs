@@ -811,7 +811,8 @@ impl ColumnDefault {
 /// The columns an extension-owned table is created with (sql/), in table order, and their
 /// defaults. A table that no longer has exactly this shape (a column a DBA added, a default
 /// changed or added, an identity or generated column) needs the INSERT statement to fill its
-/// rows in.
+/// rows in; so does one with a CHECK or an index that calls a function that is not immutable
+/// ([`runs_mutable_functions`]).
 pub struct Shape {
     pub types: &'static [pg_sys::Oid],
     /// (attnum, default) of each column that has one.
@@ -851,10 +852,38 @@ impl Shape {
             && attrs[n..].iter().all(|attr| attr.attisdropped)
             && attrs.iter().all(|attr| attr.attidentity == 0 && attr.attgenerated == 0)
             && attrs.iter().all(|attr| attr.atthasdef == has_default(attr.attnum))
-            && self.defaults.iter().all(|(attnum, default)| default_is(rel, *attnum, default));
+            && self.defaults.iter().all(|(attnum, default)| default_is(rel, *attnum, default))
+            && !runs_mutable_functions(rel);
         SHAPED.with(|s| s.borrow_mut().push((relid, fits)));
         fits
     }
+}
+
+/// Whether a CHECK constraint, an index expression or an index predicate of `rel` calls a
+/// function that is not immutable. Such a function may read tables, and it would read them
+/// under the caller's snapshot and command where the statement, run through SPI, takes a new
+/// snapshot after a command-counter step: a direct insert would see less than the statement.
+unsafe fn runs_mutable_functions(rel: pg_sys::Relation) -> bool {
+    let constr = (*(*rel).rd_att).constr;
+    let checks = if constr.is_null() || (*constr).num_check == 0 {
+        &[][..]
+    } else {
+        std::slice::from_raw_parts((*constr).check, (*constr).num_check as usize)
+    };
+    if checks.iter().any(|c| pg_sys::contain_mutable_functions(pg_sys::stringToNode(c.ccbin).cast())) {
+        return true;
+    }
+    let list = pg_sys::RelationGetIndexList(rel);
+    let mutable = (0..pg_sys::list_length(list)).any(|n| {
+        let index = pg_sys::index_open(pg_sys::list_nth_oid(list, n), pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let mutable = [pg_sys::RelationGetIndexExpressions(index), pg_sys::RelationGetIndexPredicate(index)]
+            .into_iter()
+            .any(|exprs| !exprs.is_null() && pg_sys::contain_mutable_functions(exprs.cast()));
+        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        mutable
+    });
+    pg_sys::list_free(list);
+    mutable
 }
 
 /// Whether column `attnum`'s default is `default`.
