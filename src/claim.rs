@@ -115,7 +115,6 @@ impl Ledger {
         let inserted = self.0.insert(|values, nulls| {
             (values[KEY_DIGEST], nulls[KEY_DIGEST]) = (digest.into_datum().expect("a uuid datum"), false);
             (values[SCOPE_ID], nulls[SCOPE_ID]) = (pg_sys::Datum::from(scope_id), false);
-            (values[CLAIMED_AT], nulls[CLAIMED_AT]) = (ColumnDefault::Now.value(), false);
             if let Some(fingerprint) = fingerprint {
                 (values[FINGERPRINT], nulls[FINGERPRINT]) = (fingerprint.into_datum().expect("a uuid datum"), false);
             }

@@ -155,8 +155,6 @@ impl Outbox {
         let inserted = self.insert.insert(|values, nulls| {
             (values[SEQ], nulls[SEQ]) = (pg_sys::Datum::from(seq), false);
             (values[ID], nulls[ID]) = (row.id, false);
-            (values[CREATED_AT], nulls[CREATED_AT]) = (ColumnDefault::Now.value(), false);
-            (values[ATTEMPTS], nulls[ATTEMPTS]) = (ColumnDefault::Int4(0).value(), false);
             (values[TOPIC], nulls[TOPIC]) = (row.topic, false);
             (values[ORDERING_KEY], nulls[ORDERING_KEY]) = optional(row.ordering_key);
             (values[PAYLOAD], nulls[PAYLOAD]) = (row.payload, false);

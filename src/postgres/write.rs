@@ -799,7 +799,7 @@ impl ColumnDefault {
     }
 
     /// The value the default gives a row inserted now.
-    pub fn value(&self) -> pg_sys::Datum {
+    fn value(&self) -> pg_sys::Datum {
         match *self {
             // SAFETY: reads the transaction's start, set when it began.
             ColumnDefault::Now => pg_sys::Datum::from(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }),
@@ -949,6 +949,8 @@ impl PermissionCache {
 /// ([`is_plain`]) or not of its [`Shape`].
 pub struct DirectInsert {
     target: Target,
+    /// The shape's defaults, which every row gets unless `fill` sets the column.
+    defaults: &'static [(i16, ColumnDefault)],
     row: *mut pg_sys::TupleTableSlot,
     scratch: *mut pg_sys::TupleTableSlot,
     arbiters: *mut pg_sys::List,
@@ -962,7 +964,7 @@ impl DirectInsert {
     /// `rel` must be open with RowExclusiveLock; [`DirectInsert::finish`] closes it.
     pub unsafe fn open(
         rel: pg_sys::Relation,
-        shape: &Shape,
+        shape: &'static Shape,
         permissions: &Permissions,
         arbiter: &[i16],
     ) -> Result<Option<DirectInsert>> {
@@ -982,11 +984,12 @@ impl DirectInsert {
         permissions.check(rel)?;
         let row = target.virtual_slot();
         let scratch = target.table_slot();
-        Ok(Some(DirectInsert { target, row, scratch, arbiters }))
+        Ok(Some(DirectInsert { target, defaults: shape.defaults, row, scratch, arbiters }))
     }
 
-    /// Inserts the row `fill` sets (every column starts NULL) unless an arbiter already holds
-    /// its key.
+    /// Inserts the row `fill` sets (every column starts NULL, or with its default where the
+    /// shape has one, as the INSERT fills the columns it does not name) unless an arbiter
+    /// already holds its key.
     pub fn insert(&self, fill: impl FnOnce(&mut [pg_sys::Datum], &mut [bool])) -> Result<Insert> {
         // SAFETY: the slot is the table's, built for its row type; its arrays hold natts entries.
         unsafe {
@@ -996,6 +999,10 @@ impl DirectInsert {
             let values = std::slice::from_raw_parts_mut((*row).tts_values, natts);
             let nulls = std::slice::from_raw_parts_mut((*row).tts_isnull, natts);
             nulls.fill(true);
+            for (attnum, default) in self.defaults {
+                let i = *attnum as usize - 1;
+                (values[i], nulls[i]) = (default.value(), false);
+            }
             fill(values, nulls);
             pg_sys::ExecStoreVirtualTuple(row);
             self.target.insert_unless_present(row, self.arbiters, self.scratch)
