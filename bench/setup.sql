@@ -53,3 +53,17 @@ CREATE TABLE hand_outbox (
 CREATE INDEX hand_outbox_topic_created ON hand_outbox (topic, created_at);
 CREATE TABLE biz_ext (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, entity int NOT NULL, amount numeric NOT NULL);
 CREATE TABLE biz_hand (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, entity int NOT NULL, amount numeric NOT NULL);
+
+-- Watermarks: "watermark_hand" is the offset table and conditional UPDATE an application
+-- would write; idem_watermark_advance writes idempotency.watermarks. reset.sql loads both
+-- with the same 1000 partitions at position 0 before every run. Positions come from a
+-- sequence per contender, so every advance is beyond the stored position, as a consumer's
+-- next message is.
+CREATE TABLE hand_offsets (
+    stream    text   NOT NULL,
+    partition int    NOT NULL,
+    position  bigint NOT NULL,
+    PRIMARY KEY (stream, partition)
+);
+CREATE SEQUENCE hand_positions;
+CREATE SEQUENCE ext_positions;

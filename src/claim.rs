@@ -11,7 +11,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
-use crate::digest::{fingerprint, parse_key, Scope};
+use crate::digest::{abbreviate, fingerprint, parse_key, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::spi::Statement;
 use crate::postgres::write::{
@@ -247,14 +247,6 @@ fn transaction_start() -> TimestampWithTimeZone {
     // SAFETY: reads the current transaction's start time; a claim only runs inside one.
     let ts = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     TimestampWithTimeZone::try_from(ts).expect("the transaction start is a valid timestamp")
-}
-
-/// Keys may be megabytes long; messages quote at most the first 64 characters.
-fn abbreviate(key: &str) -> String {
-    match key.char_indices().nth(64) {
-        Some((end, _)) => format!("{}…", &key[..end]),
-        None => key.to_string(),
-    }
 }
 
 fn store_result(key: Option<&str>, result: Option<JsonB>, scope: Option<&str>) -> Result<()> {

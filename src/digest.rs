@@ -53,6 +53,14 @@ impl<'a> Scope<'a> {
     }
 }
 
+/// Keys may be megabytes long; messages quote at most the first 64 characters.
+pub fn abbreviate(key: &str) -> String {
+    match key.char_indices().nth(64) {
+        Some((end, _)) => format!("{}…", &key[..end]),
+        None => key.to_string(),
+    }
+}
+
 /// A key argument (named `name` in messages): present and not empty.
 pub fn parse_key<'a>(key: Option<&'a str>, name: &str) -> Result<&'a str> {
     let key = required(key, name)?;
@@ -73,6 +81,15 @@ pub fn fingerprint(payload: &Value) -> Uuid {
 
 fn truncate(hash: &[u8]) -> [u8; 16] {
     hash[..16].try_into().expect("SHA-256 has 32 bytes")
+}
+
+/// A name-based UUID, version 8 (RFC 9562's custom kind), from the first 128 bits of a
+/// SHA-256: what the extension gives out as ids that others store (message ids, external keys).
+pub fn uuid_v8(hash: &[u8]) -> Uuid {
+    let mut id = truncate(hash);
+    id[6] = (id[6] & 0x0f) | 0x80;
+    id[8] = (id[8] & 0x3f) | 0x80;
+    Uuid::from_bytes(id)
 }
 
 /// Compact JSON with object keys in code-point order (serde_json's map is a BTreeMap) and

@@ -35,13 +35,19 @@ pub enum SqlState {
     WrongObjectType,
     /// 25P01: a relay's call outside a transaction block, where its locks would not last.
     NoActiveTransaction,
+    /// 25001: a step of the external-call ledger inside a transaction block, where what it
+    /// records would not be committed before the external call is made.
+    ActiveTransaction,
+    /// 55000: resolving an external call that is already confirmed.
+    ObjectNotInPrerequisiteState,
     /// ID001: the key was claimed before with a different payload, or a message id was sent
     /// before with another message.
     PayloadMismatch,
     /// ID002: the payload has no value at a path that makes up its key.
     KeyMissingFromPayload,
-    /// ID003: a result was stored for a key that has no claim, or a message sent without a
-    /// claim to derive its id from.
+    /// ID003: a result was stored for a key that has no claim, a message sent without a
+    /// claim to derive its id from, or an external call confirmed or resolved that was never
+    /// begun.
     NotClaimed,
     /// ID004: a new claim for a message older than its scope's retention: its record may
     /// already have been purged, so it may be a duplicate that can no longer be recognised.
@@ -55,6 +61,8 @@ impl SqlState {
             SqlState::InvalidParameterValue => b"22023",
             SqlState::LockNotAvailable => b"55P03",
             SqlState::NoActiveTransaction => b"25P01",
+            SqlState::ActiveTransaction => b"25001",
+            SqlState::ObjectNotInPrerequisiteState => b"55000",
             SqlState::UndefinedColumn => b"42703",
             SqlState::InvalidColumnReference => b"42P10",
             SqlState::UndefinedFunction => b"42883",

@@ -7,12 +7,14 @@ use pgrx::prelude::*;
 mod claim;
 mod digest;
 mod error;
+mod external;
 mod jsonb;
 mod keys;
 mod outbox;
 mod postgres;
 mod retention;
 mod versioned;
+mod watermarks;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -21,13 +23,15 @@ extension_sql_file!("../sql/api.sql", name = "api");
 extension_sql_file!("../sql/retention.sql", name = "retention", requires = ["api"]);
 // Each release's upgrade script after 0.2.0 is also the tail of a fresh install's script, so
 // that what it creates is defined once.
-extension_sql_file!("../sql/idempotency--0.2.0--0.3.0.sql", name = "outbox", finalize);
+extension_sql_file!("../sql/idempotency--0.2.0--0.3.0.sql", name = "outbox", requires = ["retention"]);
+extension_sql_file!("../sql/idempotency--0.3.0--0.4.0.sql", name = "streams", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     retention::define_settings();
     postgres::write::define_settings();
     outbox::init();
+    external::define_settings();
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use sha2::{Digest, Sha256};
 use std::cell::Cell;
 
-use crate::digest::{parse_key, Scope};
+use crate::digest::{parse_key, uuid_v8, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::spi::Statement;
 use crate::postgres::write::{
@@ -230,11 +230,7 @@ fn message_id(digest: Uuid, n: i64) -> Uuid {
     hasher.update(b"idempotency message id\0");
     hasher.update(digest.as_bytes());
     hasher.update(n.to_be_bytes());
-    let hash = hasher.finalize();
-    let mut id: [u8; 16] = hash[..16].try_into().expect("SHA-256 has 32 bytes");
-    id[6] = (id[6] & 0x0f) | 0x80; // version 8: custom
-    id[8] = (id[8] & 0x3f) | 0x80; // variant: RFC 9562
-    Uuid::from_bytes(id)
+    uuid_v8(&hasher.finalize())
 }
 
 const MAX_ORDERING_KEY: usize = 1024;

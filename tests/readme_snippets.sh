@@ -24,14 +24,7 @@ fail() { echo "readme_snippets: $*" >&2; exit 1; }
 bash tests/readme_sync.sh
 
 # --- pinned dependencies, installed when missing or out of date -------------------------
-venv=examples/python/.venv
-if ! cmp -s examples/python/requirements.txt "$venv/requirements.installed" 2>/dev/null; then
-  echo "readme_snippets: installing examples/python/requirements.txt into $venv"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r examples/python/requirements.txt
-  cp examples/python/requirements.txt "$venv/requirements.installed"
-fi
+source tests/python-venv.sh
 if ! cmp -s examples/node/package-lock.json examples/node/node_modules/.package-lock.json.installed 2>/dev/null; then
   echo "readme_snippets: npm ci in examples/node"
   (cd examples/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)

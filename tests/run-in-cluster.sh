@@ -78,6 +78,10 @@ suite upgraded "pg_regress, isolation and the differential tester on an extensio
 suite pg_cron "pg_cron runs the scheduled purge" bash tests/pg_cron.sh
 suite executor_hooks "what pgaudit, pg_stat_statements and auto_explain see of direct writes" \
   bash tests/executor_hooks.sh
+# The external-call ledger against a fake API that counts charges and kills the consumer
+# between a charge and its confirmation.
+suite external_calls "external calls: a consumer killed after its call never calls again" \
+  bash -c 'source tests/python-venv.sh && "$venv/bin/python" tests/external_calls.py'
 suite readme_snippets "README's language snippets: equal to examples/, whose consumers survive SIGKILL (RabbitMQ)" \
   bash tests/readme_snippets.sh
 

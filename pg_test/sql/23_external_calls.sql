@@ -1,0 +1,89 @@
+-- The external-call ledger, for APIs that take no idempotency key. "Begun" is committed
+-- before the call is made, so a redelivery after a crash between the call and its
+-- confirmation knows the call may have happened: it is in doubt, never silently repeated.
+-- (tests/external_calls.py runs the whole sequence against a fake API, with a real kill.)
+
+-- Never begun: the first delivery gets 'new' and makes the call.
+SELECT state, call_key = idem_external_key('order-31:paid', 'billing', 'charge') AS call_key_is_the_external_key,
+       response
+FROM idem_call_begin('order-31:paid', 'billing', 'charge');
+
+-- Begun, not confirmed: the consumer died after the call. A redelivery gets 'in_doubt' and
+-- must not call again.
+SELECT state, response FROM idem_call_begin('order-31:paid', 'billing', 'charge');
+
+-- Calls in doubt for longer than idempotency.unconfirmed_after (one minute unless set) are
+-- listed for reconciliation.
+SELECT count(*) AS listed_after_a_minute FROM idempotency.unconfirmed_calls;
+SET idempotency.unconfirmed_after = 0;
+SELECT scope, key, step, call_key::text = idem_external_key(key, scope, step) AS same_key
+FROM idempotency.unconfirmed_calls;
+
+-- Someone checked the API: the charge happened. The next redelivery reuses its response.
+SELECT idem_call_resolve('order-31:paid', 'billing', 'charge', happened => true,
+                         response => '{"charge_id": "ch_31"}');
+SELECT state, response FROM idem_call_begin('order-31:paid', 'billing', 'charge');
+SELECT count(*) AS still_listed FROM idempotency.unconfirmed_calls;
+
+-- Confirmed by the consumer itself, the usual way: the first response stays.
+SELECT state FROM idem_call_begin('order-32:paid', 'billing', 'charge');
+SELECT idem_call_confirm('order-32:paid', 'billing', 'charge', '{"charge_id": "ch_32"}') AS confirmed;
+SELECT idem_call_confirm('order-32:paid', 'billing', 'charge', '{"charge_id": "other"}') AS confirmed_again;
+SELECT state, response FROM idem_call_begin('order-32:paid', 'billing', 'charge');
+
+-- Resolved as never made: the call is forgotten and may be made again.
+SELECT state FROM idem_call_begin('order-33:paid', 'billing', 'charge');
+SELECT idem_call_resolve('order-33:paid', 'billing', 'charge', happened => false);
+SELECT state FROM idem_call_begin('order-33:paid', 'billing', 'charge');
+
+-- Inside a transaction block "begun" would not be committed before the call, and would die
+-- with a rollback: both steps refuse with 25001, and record nothing.
+BEGIN;
+SELECT sqlstate_of($$SELECT * FROM idem_call_begin('order-34:paid', 'billing', 'charge')$$);
+SELECT sqlstate_of($$SELECT idem_call_confirm('order-32:paid', 'billing', 'charge', '{}')$$);
+COMMIT;
+-- A multi-statement query string is one implicit transaction block too.
+SELECT 1 AS first_statement\; SELECT sqlstate_of($$SELECT * FROM idem_call_begin('order-34:paid', 'billing', 'charge')$$);
+SELECT count(*) AS recorded FROM idempotency.external_calls WHERE key = 'order-34:paid';
+
+-- So does a PL/pgSQL exception block (a subtransaction), which may still roll it back.
+SELECT sqlstate_of($$SELECT * FROM idem_call_begin('order-34:paid', 'billing', 'charge')$$);
+
+-- Misuse gets documented errors. (The steps cannot run in sqlstate_of's exception block, so
+-- psql shows their errors.)
+\set VERBOSITY sqlstate
+SELECT idem_call_confirm('order-35:paid', 'billing', 'charge', '{}');
+\echo :LAST_ERROR_MESSAGE
+SELECT idem_call_confirm('order-32:paid', 'billing', 'charge', NULL);
+\echo :LAST_ERROR_MESSAGE
+\set VERBOSITY default
+SELECT sqlstate_of($$SELECT idem_call_resolve('order-35:paid', 'billing', 'charge', true, '{}')$$);
+SELECT sqlstate_of($$SELECT idem_call_resolve('order-32:paid', 'billing', 'charge', false)$$);
+SELECT sqlstate_of($$SELECT idem_call_resolve('order-32:paid', 'billing', 'charge', true, NULL)$$);
+SELECT sqlstate_of($$SELECT idem_call_resolve('order-32:paid', 'billing', 'charge', NULL)$$);
+\set VERBOSITY sqlstate
+SELECT * FROM idem_call_begin('order-36:paid', 'billing', '');
+\echo :LAST_ERROR_MESSAGE
+SELECT * FROM idem_call_begin(NULL);
+\echo :LAST_ERROR_MESSAGE
+\set VERBOSITY default
+
+-- A consumer role needs the ledger's SELECT, INSERT and UPDATE; whoever resolves calls as
+-- never made needs DELETE.
+CREATE ROLE calls_app NOLOGIN;
+GRANT USAGE ON SCHEMA idempotency TO calls_app;
+SET ROLE calls_app;
+\set VERBOSITY sqlstate
+SELECT * FROM idem_call_begin('order-37:paid', 'billing', 'charge');
+\echo :LAST_ERROR_MESSAGE
+\set VERBOSITY default
+RESET ROLE;
+GRANT SELECT, INSERT, UPDATE ON idempotency.external_calls TO calls_app;
+SET ROLE calls_app;
+SELECT state FROM idem_call_begin('order-37:paid', 'billing', 'charge');
+SELECT sqlstate_of($$SELECT idem_call_resolve('order-37:paid', 'billing', 'charge', false)$$);
+RESET ROLE;
+DROP OWNED BY calls_app;
+DROP ROLE calls_app;
+RESET idempotency.unconfirmed_after;
+TRUNCATE idempotency.external_calls;

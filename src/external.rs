@@ -1,0 +1,263 @@
+//! External calls: where exactly-once ends. An external API never joins the consumer's
+//! transaction, so two things are all the consumer can do:
+//! - send the API the same idempotency key on every attempt at the same business step, on a
+//!   redelivery, a replay from a DLQ and a backfill alike ([`external_id`]);
+//! - for an API that takes no key, record that a call was begun, committed before the call is
+//!   made, so that a redelivery after a crash between the call and its confirmation knows the
+//!   call may have happened, and asks a person instead of calling again (the call ledger,
+//!   `idempotency.external_calls`).
+//!
+//! The ledger's steps run in transactions of their own: a statement outside any transaction
+//! block commits when it returns, before the caller can make the call. Inside a block the
+//! record would wait for the block's COMMIT, and die with its ROLLBACK, so the steps refuse
+//! to run there (25001).
+
+use pgrx::datum::{DatumWithOid, TimestampWithTimeZone, Uuid};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, JsonB};
+use sha2::{Digest, Sha256};
+
+use crate::digest::{abbreviate, parse_key, uuid_v8, Scope};
+use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
+use crate::postgres::spi::Statement;
+use crate::postgres::xact;
+
+/// A UUID (version 8) from SHA-256 over the claim digest of (scope, key) and the step, so two
+/// steps of one message, or one step of two scopes, never share a key.
+fn external_id(key: &str, scope: &Scope<'_>, step: Option<&str>) -> Result<Uuid> {
+    let step = required(step, "step")?;
+    if step.is_empty() {
+        return Err(IdemError::new(SqlState::InvalidParameterValue, "step must not be empty")
+            .hint("Name the external call the step makes, e.g. 'charge' or 'send-receipt'."));
+    }
+    let mut hasher = Sha256::new();
+    hasher.update(b"idempotency external key\0");
+    hasher.update(scope.key_digest(key).as_bytes());
+    hasher.update(step.as_bytes());
+    Ok(uuid_v8(&hasher.finalize()))
+}
+
+/// One external call of the ledger: (key, scope, step) and the id they derive.
+struct Call<'a> {
+    key: &'a str,
+    scope: Scope<'a>,
+    step: &'a str,
+    id: Uuid,
+}
+
+impl<'a> Call<'a> {
+    fn parse(key: Option<&'a str>, scope: Option<&'a str>, step: Option<&'a str>) -> Result<Call<'a>> {
+        let key = parse_key(key, "key")?;
+        let scope = Scope::parse(scope)?;
+        let id = external_id(key, &scope, step)?;
+        Ok(Call { key, scope, step: step.expect("external_id refuses NULL"), id })
+    }
+
+    fn not_begun(&self) -> IdemError {
+        IdemError::new(
+            SqlState::NotClaimed,
+            format!(
+                "no external call was begun for step \"{}\" of key \"{}\" in scope \"{}\"",
+                self.step,
+                abbreviate(self.key),
+                self.scope.name
+            ),
+        )
+        .hint("Call idem_call_begin before the call, and confirm only what it answered 'new' for.")
+    }
+}
+
+static BEGIN_CALL: Statement = Statement {
+    sql: "INSERT INTO idempotency.external_calls (call_key, scope, key, step) VALUES ($1, $2, $3, $4) \
+          ON CONFLICT (call_key) DO NOTHING RETURNING begun_at",
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+};
+
+static READ_CALL: Statement = Statement {
+    sql: "SELECT begun_at, confirmed_at IS NOT NULL, response FROM idempotency.external_calls \
+          WHERE call_key OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::UUIDOID],
+};
+
+static CONFIRM_CALL: Statement = Statement {
+    sql: "UPDATE idempotency.external_calls SET confirmed_at = pg_catalog.now(), response = $2 \
+          WHERE call_key OPERATOR(pg_catalog.=) $1 AND confirmed_at IS NULL",
+    args: &[pg_sys::UUIDOID, pg_sys::JSONBOID],
+};
+
+static FORGET_CALL: Statement = Statement {
+    sql: "DELETE FROM idempotency.external_calls \
+          WHERE call_key OPERATOR(pg_catalog.=) $1 AND confirmed_at IS NULL",
+    args: &[pg_sys::UUIDOID],
+};
+
+static SYNCHRONOUS_COMMIT: Statement =
+    Statement { sql: "SELECT pg_catalog.set_config('synchronous_commit', 'on', true)", args: &[] };
+
+/// What the ledger holds of a call.
+struct Recorded {
+    begun_at: TimestampWithTimeZone,
+    confirmed: bool,
+    response: Option<JsonB>,
+}
+
+fn recorded(call: &Call<'_>) -> Result<Option<Recorded>> {
+    Ok(READ_CALL.run(&[DatumWithOid::from(call.id)], |rows| {
+        (!rows.is_empty()).then(|| Recorded {
+            begun_at: rows.get(0, 1).expect("begun_at is NOT NULL"),
+            confirmed: rows.get(0, 2).expect("a boolean"),
+            response: rows.get(0, 3),
+        })
+    })?)
+}
+
+/// Refuses a step inside a transaction block (or a subtransaction: a PL/pgSQL exception block
+/// may still roll the record back), and makes the statement's own commit wait for
+/// the WAL flush even where synchronous_commit is off: after a server crash, a lost "begun"
+/// would let the redelivery call again.
+fn own_transaction(function: &str) -> Result<()> {
+    if xact::in_transaction_block() {
+        return Err(IdemError::new(SqlState::ActiveTransaction, format!("{function} cannot run inside a transaction block"))
+            .detail("What it records must be committed before the external call is made, and a transaction block commits only at its end, or never.")
+            .hint("Run it on a connection in autocommit mode, as a statement of its own, before the consumer's BEGIN (or on a second connection)."));
+    }
+    // SAFETY: reads a backend-local setting.
+    if unsafe { pg_sys::synchronous_commit } == pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32 {
+        SYNCHRONOUS_COMMIT.run(&[], |_| ())?;
+    }
+    Ok(())
+}
+
+type CallState = (Option<String>, Option<String>, Option<JsonB>, Option<TimestampWithTimeZone>);
+
+fn begin(call: &Call<'_>) -> Result<CallState> {
+    own_transaction("idem_call_begin")?;
+    let args = [
+        DatumWithOid::from(call.id),
+        DatumWithOid::from(call.scope.name),
+        DatumWithOid::from(call.key),
+        DatumWithOid::from(call.step),
+    ];
+    // A resolution that forgets the call may delete it between the two statements: then the
+    // call is new again.
+    loop {
+        if let Some(begun_at) = BEGIN_CALL.run(&args, |rows| if rows.is_empty() { None } else { rows.get(0, 1) })? {
+            return Ok((Some("new".into()), Some(call.id.to_string()), None, Some(begun_at)));
+        }
+        if let Some(r) = recorded(call)? {
+            let state = if r.confirmed { "confirmed" } else { "in_doubt" };
+            return Ok((Some(state.into()), Some(call.id.to_string()), r.response, Some(r.begun_at)));
+        }
+    }
+}
+
+fn confirm(call: &Call<'_>, response: Option<JsonB>) -> Result<bool> {
+    let response = required(response, "response")?;
+    own_transaction("idem_call_confirm")?;
+    if CONFIRM_CALL.run(&[DatumWithOid::from(call.id), DatumWithOid::from(response)], |rows| rows.len())? == 1 {
+        return Ok(true);
+    }
+    match recorded(call)? {
+        None => Err(call.not_begun()),
+        Some(_) => Ok(false),
+    }
+}
+
+fn resolve(call: &Call<'_>, happened: Option<bool>, response: Option<JsonB>) -> Result<()> {
+    let happened = required(happened, "happened")?;
+    let done = if happened {
+        let response = required(response, "response")?;
+        CONFIRM_CALL.run(&[DatumWithOid::from(call.id), DatumWithOid::from(response)], |rows| rows.len())?
+    } else {
+        FORGET_CALL.run(&[DatumWithOid::from(call.id)], |rows| rows.len())?
+    };
+    if done == 1 {
+        return Ok(());
+    }
+    match recorded(call)? {
+        None => Err(call.not_begun()),
+        Some(_) => Err(IdemError::new(
+            SqlState::ObjectNotInPrerequisiteState,
+            format!(
+                "the external call for step \"{}\" of key \"{}\" is already confirmed",
+                call.step,
+                abbreviate(call.key)
+            ),
+        )
+        .detail("Its response is stored, and a redelivery reuses it; it cannot become unconfirmed again.")),
+    }
+}
+
+/// How long a begun call may stay unconfirmed before idempotency.unconfirmed_calls lists it.
+pub static UNCONFIRMED_AFTER: GucSetting<i32> = GucSetting::<i32>::new(60);
+
+pub fn define_settings() {
+    GucRegistry::define_int_guc(
+        c"idempotency.unconfirmed_after",
+        c"How long an external call may stay begun and unconfirmed before idempotency.unconfirmed_calls lists it.",
+        c"Set it above the longest time a call and its confirmation take, so that a call still in flight is not listed.",
+        &UNCONFIRMED_AFTER,
+        0,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_S,
+    );
+}
+
+#[pg_extern(sql = false)]
+fn idem_external_uuid(key: Option<&str>, scope: Option<&str>, step: Option<&str>) -> Option<Uuid> {
+    finish(Call::parse(key, scope, step).map(|c| c.id))
+}
+sqlstate_entry!(idem_external_uuid_entry, pg_finfo_idem_external_uuid_entry, idem_external_uuid_wrapper);
+
+/// The same key as text, for an `Idempotency-Key` header: the UUID's 36 lowercase characters,
+/// so a key logged by the API and one logged by the consumer compare equal as text.
+#[pg_extern(sql = false)]
+fn idem_external_key(key: Option<&str>, scope: Option<&str>, step: Option<&str>) -> Option<String> {
+    finish(Call::parse(key, scope, step).map(|c| c.id.to_string()))
+}
+sqlstate_entry!(idem_external_key_entry, pg_finfo_idem_external_key_entry, idem_external_key_wrapper);
+
+// pgrx reads the row's column names from this signature: it cannot be a type alias.
+#[allow(clippy::type_complexity)]
+#[pg_extern(sql = false)]
+fn idem_call_begin(
+    key: Option<&str>,
+    scope: Option<&str>,
+    step: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(state, Option<String>),
+        name!(call_key, Option<String>),
+        name!(response, Option<JsonB>),
+        name!(begun_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    TableIterator::new(finish(Call::parse(key, scope, step).and_then(|c| begin(&c))))
+}
+sqlstate_entry!(idem_call_begin_entry, pg_finfo_idem_call_begin_entry, idem_call_begin_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_call_confirm(
+    key: Option<&str>,
+    scope: Option<&str>,
+    step: Option<&str>,
+    response: Option<JsonB>,
+) -> Option<bool> {
+    finish(Call::parse(key, scope, step).and_then(|c| confirm(&c, response)))
+}
+sqlstate_entry!(idem_call_confirm_entry, pg_finfo_idem_call_confirm_entry, idem_call_confirm_wrapper);
+
+#[pg_extern(sql = false)]
+fn idem_call_resolve(
+    key: Option<&str>,
+    scope: Option<&str>,
+    step: Option<&str>,
+    happened: Option<bool>,
+    response: Option<JsonB>,
+) {
+    finish(Call::parse(key, scope, step).and_then(|c| resolve(&c, happened, response)));
+}
+sqlstate_entry!(idem_call_resolve_entry, pg_finfo_idem_call_resolve_entry, idem_call_resolve_wrapper);
