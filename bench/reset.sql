@@ -4,10 +4,12 @@
 -- neither contender meets more stale versions or more dead tuples than the other; then a
 -- fresh checkpoint. psql runs each statement on its own, as VACUUM needs.
 TRUNCATE idempotency.ledger, hand_ledger, plpgsql_ledger, vm_hand, vm_ext, idempotency.outbox, hand_outbox, biz_ext, biz_hand,
-         idempotency.watermarks, hand_offsets;
+         idempotency.watermarks, hand_offsets, idempotency.duplicates;
 INSERT INTO vm_hand (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, 10000) AS g;
 INSERT INTO vm_ext (id, status, version) SELECT g, 's0', 0 FROM generate_series(1, 10000) AS g;
 INSERT INTO hand_offsets (stream, partition, position) SELECT 'orders', g, 0 FROM generate_series(0, 999) AS g;
 INSERT INTO idempotency.watermarks (stream, partition, position) SELECT 'orders', g::text, 0 FROM generate_series(0, 999) AS g;
-VACUUM ANALYZE vm_hand, vm_ext, hand_offsets, idempotency.watermarks;
+-- The keys whose claims the duplicate contenders repeat (bench/dup_diag_*.sql).
+SELECT count(idem_claim('dup-' || g)) FROM generate_series(1, 10000) AS g;
+VACUUM ANALYZE vm_hand, vm_ext, hand_offsets, idempotency.watermarks, idempotency.ledger;
 CHECKPOINT;

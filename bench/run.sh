@@ -127,8 +127,9 @@ declare -A RUN=(
   [versioned]="vupdate_hand.sql vupdate_ext.sql"
   [send]="send_hand.sql send_ext.sql send_notify.sql"
   [watermarks]="watermark_hand.sql watermark_ext.sql"
+  [diagnostics]="claim_diag_off.sql claim_diag_on.sql dup_diag_off.sql dup_diag_on.sql"
 )
-RUNS=(claims batch versioned send watermarks)
+RUNS=(claims batch versioned send watermarks diagnostics)
 declare -A LAT=()     # run:script -> space-separated mean latency (µs) of each round
 declare -A RATIOS=()  # measure -> space-separated ratio of each round
 SINGLE_TPS='' MANY_TPS=''
@@ -237,7 +238,11 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
         line+=$(printf '  send_hand %.1f send_ext %.1f send_notify %.1f |' "${mean[send_hand]}" "${mean[send_ext]}" "${mean[send_notify]}") ;;
       watermarks)
         RATIOS[watermark]+=" $(ratio "${mean[watermark_hand]}" "${mean[watermark_ext]}")"
-        line+=$(printf '  watermark_hand %.1f watermark_ext %.1f' "${mean[watermark_hand]}" "${mean[watermark_ext]}") ;;
+        line+=$(printf '  watermark_hand %.1f watermark_ext %.1f |' "${mean[watermark_hand]}" "${mean[watermark_ext]}") ;;
+      diagnostics)
+        RATIOS[diag_first]+=" $(ratio "${mean[claim_diag_off]}" "${mean[claim_diag_on]}")"
+        RATIOS[diag_dup]+=" $(ratio "${mean[dup_diag_on]}" "${mean[dup_diag_off]}")"
+        line+=$(printf '  diagnostics off/on: first %.1f/%.1f duplicate %.1f/%.1f' "${mean[claim_diag_off]}" "${mean[claim_diag_on]}" "${mean[dup_diag_off]}" "${mean[dup_diag_on]}") ;;
     esac
     unset mean
   done
@@ -250,7 +255,7 @@ for key in "${!LAT[@]}"; do MED[$key]=$(echo "${LAT[$key]}" | median); done
 MED[single]=$(echo "$SINGLE_TPS" | median)
 MED[many]=$(echo "$MANY_TPS" | median)
 echo "ratios within each run (the summary judges their median):"
-for m in claim plpgsql returning many vupdate send notify watermark; do RATIO[$m]=$(echo "${RATIOS[$m]}" | median); done
+for m in claim plpgsql returning many vupdate send notify watermark diag_first diag_dup; do RATIO[$m]=$(echo "${RATIOS[$m]}" | median); done
 printf '  %-44s per round:%s   median %.3f\n' \
   "idem_claim vs hand INSERT (hand/ext µs):" "${RATIOS[claim]}" "${RATIO[claim]}" \
   "idem_claim vs plpgsql claim (plpgsql/ext µs):" "${RATIOS[plpgsql]}" "${RATIO[plpgsql]}" \
@@ -259,7 +264,9 @@ printf '  %-44s per round:%s   median %.3f\n' \
   "idem_versioned_update vs hand UPDATE:" "${RATIOS[vupdate]}" "${RATIO[vupdate]}" \
   "claim+insert+idem_send vs hand outbox INSERT:" "${RATIOS[send]}" "${RATIO[send]}" \
   "the same with NOTIFY vs without (ext/notify):" "${RATIOS[notify]}" "${RATIO[notify]}" \
-  "idem_watermark_advance vs hand UPDATE:" "${RATIOS[watermark]}" "${RATIO[watermark]}"
+  "idem_watermark_advance vs hand UPDATE:" "${RATIOS[watermark]}" "${RATIO[watermark]}" \
+  "first claims, diagnostics off/on (µs):" "${RATIOS[diag_first]}" "${RATIO[diag_first]}" \
+  "duplicates, diagnostics on/off (µs):" "${RATIOS[diag_dup]}" "${RATIO[diag_dup]}"
 echo
 
 # --- bytes per retained key --------------------------------------------------------------
@@ -368,6 +375,7 @@ awk -v ext="${MED[claims:claim_ext]}" -v hand="${MED[claims:claim_hand]}" -v plp
     -v sext="${MED[send:send_ext]}" -v shand="${MED[send:send_hand]}" -v sr="${RATIO[send]}" \
     -v snot="${MED[send:send_notify]}" -v nr="${RATIO[notify]}" \
     -v wext="${MED[watermarks:watermark_ext]}" -v whand="${MED[watermarks:watermark_hand]}" -v wr="${RATIO[watermark]}" \
+    -v dfon="${MED[diagnostics:claim_diag_on]}" -v dfr="${RATIO[diag_first]}" -v ddon="${MED[diagnostics:dup_diag_on]}" -v ddr="${RATIO[diag_dup]}" \
     -v r="${RATIO[claim]}" -v rp="${RATIO[plpgsql]}" -v x="${RATIO[many]}" -v vr="${RATIO[vupdate]}" -v pr="${RATIO[purge]}" \
     -v alone="${MED[alone]}" -v beside="${MED[beside]}" -v prate="$PURGE_RATE" -v pkeys="$PURGED" -v ptime="$PURGE_TIME" \
     -v batch="$BATCH" -v er="$EXT_ROWS" -v et="$EXT_TOTAL" -v hr="$HAND_ROWS" -v ht="$HAND_TOTAL" '
@@ -387,13 +395,15 @@ BEGIN {
   printf "%-26s %12.1f %7.2f   %s\n", "… + idem_send + NOTIFY", snot, shand / snot, sprintf("NOTIFY costs the send %.0f %% (informational: relays poll)", (1 / nr - 1) * 100)
   printf "%-26s %12.1f %7.2f   %-42s %s\n", "idem_watermark_advance", wext, wr, ">= 1.00 x hand UPDATE … WHERE position < p", verdict(wr >= 1.0)
   printf "%-26s %12.1f %7.2f\n", "hand offset UPDATE", whand, 1.0
+  printf "%-26s %12.1f %7.2f   %-42s %s\n", "first claim, diagnostics on", dfon, dfr, ">= 0.97 x with diagnostics off", verdict(dfr >= 0.97)
+  printf "%-26s %12.1f %7.2f   %-42s %s\n", "duplicate, diagnostics on", ddon, ddr, "<= 1.50 x with diagnostics off (cost ratio)", verdict(ddr <= 1.5)
   bl = et / er; bh = ht / hr; br = bl / bh
   printf "bytes per key: ledger %.1f, hand %.1f, ratio %.2f (target <= 0.70)   %s\n", bl, bh, br, verdict(br <= 0.70)
   printf "purge: %d expired claims in %.2fs = %d claims/s\n", pkeys, ptime, prate
   printf "%-26s %8.0f tps %7.2f   %-42s %s\n", "idem_claim beside a purge", beside, pr, ">= 0.80 x idem_claim alone", verdict(pr >= 0.80)
   printf "%-26s %8.0f tps %7.2f\n", "idem_claim alone", alone, 1.0
   printf "%-26s %12s %7.2f   %-42s %s\n", "claims with retention index", "(none)", 1.0, ">= 0.95 x without it", "PASS"
-  miss = (r < 1.0) + (rp < 1.0) + (x < 10) + (br > 0.70) + (vr < 0.90) + (pr < 0.80) + (sr < 0.95) + (wr < 1.0)
-  printf "targets: %d PASS, %d MISS%s\n", 9 - miss, miss, miss ? "   <-- MISS (informational; exit status stays 0)" : ""
+  miss = (r < 1.0) + (rp < 1.0) + (x < 10) + (br > 0.70) + (vr < 0.90) + (pr < 0.80) + (sr < 0.95) + (wr < 1.0) + (dfr < 0.97) + (ddr > 1.5)
+  printf "targets: %d PASS, %d MISS%s\n", 11 - miss, miss, miss ? "   <-- MISS (informational; exit status stays 0)" : ""
 }'
 echo "$DRAIN_SUMMARY"

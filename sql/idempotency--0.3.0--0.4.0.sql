@@ -124,3 +124,234 @@ RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'idem_call_resolve_entry';
 COMMENT ON FUNCTION idem_call_resolve(text, text, text, boolean, jsonb) IS
   'Settles an unconfirmed external call: happened => true with the response the API gave, or happened => false to forget it, so that it may be made again.';
+
+-- Diagnostics --------------------------------------------------------------------------------
+
+-- Every duplicate a claim suppressed while idempotency.diagnostics was on: one row each, so no
+-- row is written by every consumer of a scope. The delay from the first claim to a duplicate
+-- names its likely source (idem_diagnostics). idem_purge keeps idempotency.diagnostics_retention.
+CREATE TABLE idempotency.duplicates (
+    seen_at          pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    first_claimed_at pg_catalog.timestamptz NOT NULL,
+    scope_id         pg_catalog.int8        NOT NULL,
+    key_digest       pg_catalog.uuid        NOT NULL,
+    scope            pg_catalog.text        NOT NULL
+);
+CREATE INDEX duplicates_seen_at ON idempotency.duplicates (seen_at);
+COMMENT ON TABLE idempotency.duplicates IS
+  'Duplicates suppressed by claims while idempotency.diagnostics was on: when, the first claim''s time, and which key (key_digest = idem_digest(key, scope)).';
+REVOKE ALL ON TABLE idempotency.duplicates FROM PUBLIC;
+
+-- The claim records through this function, as its owner: a consumer role needs no privilege
+-- on idempotency.duplicates, so turning diagnostics on cannot make its claims fail. It only
+-- copies the time of claims that exist; every name in it is schema-qualified, so no
+-- search_path can redirect it.
+CREATE FUNCTION idempotency.record_duplicates(scope text, scope_id bigint, key_digests uuid[])
+RETURNS void LANGUAGE sql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+BEGIN ATOMIC
+  INSERT INTO idempotency.duplicates (first_claimed_at, scope_id, key_digest, scope)
+  SELECT l.claimed_at, l.scope_id, l.key_digest, record_duplicates.scope
+  FROM pg_catalog.unnest(record_duplicates.key_digests) AS d(key_digest)
+  JOIN idempotency.ledger AS l ON l.key_digest OPERATOR(pg_catalog.=) d.key_digest
+  WHERE l.scope_id OPERATOR(pg_catalog.=) record_duplicates.scope_id;
+END;
+COMMENT ON FUNCTION idempotency.record_duplicates(text, bigint, uuid[]) IS
+  'Called by claims while idempotency.diagnostics is on: records the duplicates they suppressed.';
+
+-- Per scope over the last `since`: first claims (counted in the ledger, from a sample of at
+-- most 10,000 of its blocks when it is larger), duplicates, the delay from first claim to
+-- duplicate, and the source that the delays point to when at least half of them cluster near
+-- one of the deadlines below.
+CREATE FUNCTION idem_diagnostics(since interval DEFAULT '1 day')
+RETURNS TABLE (scope text, first_claims bigint, duplicates bigint,
+               delay_p50 interval, delay_p95 interval, delay_p99 interval, delay_max interval,
+               likely_source text, hint text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+DECLARE
+  blocks pg_catalog.float8 := GREATEST(pg_catalog.pg_relation_size('idempotency.ledger'::pg_catalog.regclass)
+                                        OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.float8, 1);
+  percent pg_catalog.float8 := LEAST(100, 100 OPERATOR(pg_catalog.*) 10000 OPERATOR(pg_catalog./) blocks);
+BEGIN
+  IF since IS NULL OR since OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = pg_catalog.format('since must be a positive interval, not %s', COALESCE(since::pg_catalog.text, 'NULL'));
+  END IF;
+  RETURN QUERY
+  WITH d AS (
+    SELECT x.scope_id, x.scope, x.seen_at OPERATOR(pg_catalog.-) x.first_claimed_at AS delay
+    FROM idempotency.duplicates AS x
+    WHERE x.seen_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) since)
+  ), bucketed AS (
+    SELECT d.*, CASE
+      WHEN d.delay OPERATOR(pg_catalog.<) '1 second' THEN 'retry'
+      WHEN d.delay OPERATOR(pg_catalog.>=) '20 seconds' AND d.delay OPERATOR(pg_catalog.<) '45 seconds' THEN 'sqs'
+      WHEN d.delay OPERATOR(pg_catalog.>=) '4 minutes' AND d.delay OPERATOR(pg_catalog.<) '7 minutes' THEN 'kafka'
+      WHEN d.delay OPERATOR(pg_catalog.>=) '25 minutes' AND d.delay OPERATOR(pg_catalog.<) '40 minutes' THEN 'rabbitmq'
+      WHEN d.delay OPERATOR(pg_catalog.>=) '1 day' THEN 'replay'
+    END AS bucket
+    FROM d
+  ), per_scope AS (
+    SELECT b.scope_id, pg_catalog.max(b.scope) AS scope, pg_catalog.count(*) AS duplicates,
+           pg_catalog.percentile_disc(0.5) WITHIN GROUP (ORDER BY b.delay) AS p50,
+           pg_catalog.percentile_disc(0.95) WITHIN GROUP (ORDER BY b.delay) AS p95,
+           pg_catalog.percentile_disc(0.99) WITHIN GROUP (ORDER BY b.delay) AS p99,
+           pg_catalog.max(b.delay) AS dmax
+    FROM bucketed AS b GROUP BY b.scope_id
+  ), top_bucket AS (
+    SELECT DISTINCT ON (b.scope_id) b.scope_id, b.bucket, pg_catalog.count(*) AS n
+    FROM bucketed AS b WHERE b.bucket IS NOT NULL
+    GROUP BY b.scope_id, b.bucket
+    ORDER BY b.scope_id, pg_catalog.count(*) DESC, b.bucket
+  ), claims AS (
+    SELECT l.scope_id, pg_catalog.round(pg_catalog.count(*) OPERATOR(pg_catalog.*) 100 OPERATOR(pg_catalog./) percent)::pg_catalog.int8 AS n
+    FROM idempotency.ledger AS l TABLESAMPLE SYSTEM (percent) REPEATABLE (0)
+    WHERE l.claimed_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) since)
+    GROUP BY l.scope_id
+  )
+  SELECT COALESCE(p.scope, s.scope, c.scope_id::pg_catalog.text),
+         COALESCE(c.n, 0), COALESCE(p.duplicates, 0), p.p50, p.p95, p.p99, p.dmax,
+         CASE t.bucket
+           WHEN 'retry' THEN 'producer retry or concurrent redelivery'
+           WHEN 'sqs' THEN 'SQS visibility timeout'
+           WHEN 'kafka' THEN 'Kafka max.poll.interval.ms'
+           WHEN 'rabbitmq' THEN 'RabbitMQ consumer_timeout'
+           WHEN 'replay' THEN 'DLQ replay or backfill'
+         END,
+         CASE WHEN t.bucket IS NOT NULL THEN
+         pg_catalog.format('%s%% of duplicates came %s the first claim: %s', pg_catalog.round(100.0 OPERATOR(pg_catalog.*) t.n OPERATOR(pg_catalog./) p.duplicates),
+           CASE t.bucket
+             WHEN 'retry' THEN 'within a second of'
+             WHEN 'sqs' THEN 'about 30 s after'
+             WHEN 'kafka' THEN 'about 5 min after'
+             WHEN 'rabbitmq' THEN 'about 30 min after'
+             WHEN 'replay' THEN 'a day or more after'
+           END,
+           CASE t.bucket
+             WHEN 'retry' THEN 'a producer sent the message twice (publish retried after a lost confirm), or the broker redelivered it to a second consumer at once. Both are expected; the claim handles them.'
+             WHEN 'sqs' THEN 'processing outlasts the queue''s visibility timeout (SQS: 30 s by default), so the message becomes visible again. Raise the timeout above the longest handler run, or extend it while processing.'
+             WHEN 'kafka' THEN 'a consumer exceeded max.poll.interval.ms (5 min by default) and was removed from the group, so its partitions were reassigned and replayed from the last committed offset. Poll more often or take smaller batches.'
+             WHEN 'rabbitmq' THEN 'a delivery stayed unacknowledged past RabbitMQ''s consumer_timeout (30 min by default), which closes the channel and requeues it. Ack sooner or raise the timeout.'
+             WHEN 'replay' THEN 'messages were replayed from a dead-letter queue or a backfill. Check that retention covers the replay window (idem_declare_scope).'
+           END) END
+  FROM per_scope AS p
+  FULL JOIN claims AS c ON c.scope_id OPERATOR(pg_catalog.=) p.scope_id
+  LEFT JOIN idempotency.scopes AS s ON s.scope_id OPERATOR(pg_catalog.=) COALESCE(p.scope_id, c.scope_id)
+  LEFT JOIN top_bucket AS t ON t.scope_id OPERATOR(pg_catalog.=) p.scope_id
+       AND t.n OPERATOR(pg_catalog.*) 2 OPERATOR(pg_catalog.>=) p.duplicates
+  ORDER BY 1;
+END
+$$;
+COMMENT ON FUNCTION idem_diagnostics(interval) IS
+  'Per scope over the last `since`: first claims, duplicates suppressed (recorded while idempotency.diagnostics is on), percentiles of the delay from first claim to duplicate, and the likely source of the duplicates when their delays cluster near a known deadline.';
+
+CREATE VIEW idempotency.diagnostics AS SELECT * FROM @extschema@.idem_diagnostics();
+COMMENT ON VIEW idempotency.diagnostics IS 'idem_diagnostics() over the last day.';
+
+CREATE FUNCTION idem_diagnostics_retention()
+RETURNS interval LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'idem_diagnostics_retention_wrapper';
+COMMENT ON FUNCTION idem_diagnostics_retention() IS
+  'How long recorded duplicates stay in idempotency.duplicates before idem_purge removes them: the setting idempotency.diagnostics_retention.';
+
+-- The purge, from 0.4.0 over four tables, each walked in ranges of heap blocks with a commit
+-- after every range (see 0.3.0's definition for why): expired claims; outbox messages sent
+-- longer than idempotency.outbox_retention ago; external calls confirmed longer ago than their
+-- scope's retention (a redelivery up to then must still find the response; calls never
+-- confirmed are kept until someone resolves them); duplicates recorded longer than
+-- idempotency.diagnostics_retention ago.
+CREATE OR REPLACE PROCEDURE idem_purge(batch_blocks integer DEFAULT 256, pause interval DEFAULT '0',
+                            INOUT deleted bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+  tables pg_catalog.regclass[] := ARRAY['idempotency.ledger', 'idempotency.outbox', 'idempotency.external_calls',
+                                        'idempotency.duplicates']::pg_catalog.regclass[];
+  sizes pg_catalog.int8[] := '{}';
+  run bigint;
+  total_blocks bigint := 0;
+  done_blocks bigint := 0;
+  table_start bigint;
+  phase integer;
+  first_block bigint;
+  last_block bigint;
+  removed bigint;
+BEGIN
+  IF batch_blocks IS NULL OR batch_blocks OPERATOR(pg_catalog.<) 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = pg_catalog.format('batch_blocks must be at least 1, not %s', COALESCE(batch_blocks::pg_catalog.text, 'NULL'));
+  END IF;
+  IF pause IS NULL OR pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = pg_catalog.format('pause must be zero or more, not %s', COALESCE(pause::pg_catalog.text, 'NULL'));
+  END IF;
+  deleted := 0;
+  -- Blocks are counted across the tables, in the order above.
+  FOR phase IN 1 .. pg_catalog.array_length(tables, 1) LOOP
+    sizes := sizes OPERATOR(pg_catalog.||) (pg_catalog.pg_relation_size(tables[phase])
+             OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8);
+    total_blocks := total_blocks OPERATOR(pg_catalog.+) sizes[phase];
+  END LOOP;
+  INSERT INTO idempotency.purge_runs (blocks) VALUES (total_blocks) RETURNING run_id INTO run;
+  COMMIT;
+  phase := 1;
+  table_start := 0;
+  WHILE done_blocks OPERATOR(pg_catalog.<) total_blocks LOOP
+    -- (Operators written OPERATOR(...) all bind alike, left to right: hence the parentheses.)
+    WHILE done_blocks OPERATOR(pg_catalog.>=) (table_start OPERATOR(pg_catalog.+) sizes[phase]) LOOP
+      table_start := table_start OPERATOR(pg_catalog.+) sizes[phase];
+      phase := phase OPERATOR(pg_catalog.+) 1;
+    END LOOP;
+    first_block := done_blocks OPERATOR(pg_catalog.-) table_start;
+    -- The last table's range is open-ended: it catches the blocks it grew by meanwhile.
+    last_block := CASE WHEN phase OPERATOR(pg_catalog.=) pg_catalog.array_length(tables, 1)
+                       THEN first_block OPERATOR(pg_catalog.+) batch_blocks
+                       ELSE LEAST(first_block OPERATOR(pg_catalog.+) batch_blocks, sizes[phase]) END;
+    IF phase OPERATOR(pg_catalog.=) 1 THEN
+      DELETE FROM idempotency.ledger AS l
+      WHERE l.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND l.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND l.claimed_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(
+              (SELECT s.retention FROM idempotency.scopes AS s WHERE s.scope_id OPERATOR(pg_catalog.=) l.scope_id),
+              @extschema@.idem_default_retention()));
+    ELSIF phase OPERATOR(pg_catalog.=) 2 THEN
+      DELETE FROM idempotency.outbox AS o
+      WHERE o.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND o.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND o.sent_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) @extschema@.idem_outbox_retention());
+    ELSIF phase OPERATOR(pg_catalog.=) 3 THEN
+      DELETE FROM idempotency.external_calls AS c
+      WHERE c.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND c.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND c.confirmed_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(
+              (SELECT s.retention FROM idempotency.scopes AS s WHERE s.scope OPERATOR(pg_catalog.=) c.scope),
+              @extschema@.idem_default_retention()));
+    ELSE
+      DELETE FROM idempotency.duplicates AS d
+      WHERE d.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND d.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND d.seen_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) @extschema@.idem_diagnostics_retention());
+    END IF;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    deleted := deleted OPERATOR(pg_catalog.+) removed;
+    done_blocks := LEAST(table_start OPERATOR(pg_catalog.+) last_block, total_blocks);
+    UPDATE idempotency.purge_runs AS p
+       SET blocks_done = done_blocks,
+           batches = p.batches OPERATOR(pg_catalog.+) 1, deleted = p.deleted OPERATOR(pg_catalog.+) removed
+     WHERE p.run_id OPERATOR(pg_catalog.=) run;
+    COMMIT;
+    IF pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
+       AND done_blocks OPERATOR(pg_catalog.<) total_blocks THEN
+      PERFORM pg_catalog.pg_sleep(pg_catalog.date_part('epoch', pause));
+    END IF;
+  END LOOP;
+  UPDATE idempotency.purge_runs AS p SET finished_at = pg_catalog.clock_timestamp()
+   WHERE p.run_id OPERATOR(pg_catalog.=) run;
+  -- The history keeps a month of runs, interrupted ones included.
+  DELETE FROM idempotency.purge_runs AS p
+   WHERE p.started_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) '30 days'::pg_catalog.interval);
+  COMMIT;
+END
+$$;
+COMMENT ON PROCEDURE idem_purge(integer, interval, bigint) IS
+  'Deletes expired claims, outbox messages sent longer than idempotency.outbox_retention ago, external calls confirmed longer ago than their scope''s retention, and duplicates recorded longer than idempotency.diagnostics_retention ago, in batches of batch_blocks heap blocks, committing (then pausing) after each; CALL it outside a transaction block. Progress: idempotency.purge_progress.';

@@ -187,6 +187,7 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
         let claimed_at = want_replay.then(transaction_start);
         return Ok(Claim { claimed: true, claimed_at, result: None });
     }
+    crate::diagnostics::duplicates(&scope, || vec![digest])?;
     if fingerprint.is_none() && !want_replay {
         return Ok(Claim { claimed: false, claimed_at: None, result: None });
     }
@@ -300,11 +301,15 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
             })?
         }
     };
-    Ok(digests
+    let claimed: Vec<bool> = digests
         .iter()
         .enumerate()
         .map(|(i, d)| first_at[d.as_bytes()] == i && inserted.contains(d.as_bytes()))
-        .collect())
+        .collect();
+    crate::diagnostics::duplicates(&scope, || {
+        digests.iter().zip(&claimed).filter(|(_, new)| !**new).map(|(d, _)| *d).collect()
+    })?;
+    Ok(claimed)
 }
 
 #[pg_extern(sql = false)]

@@ -5,6 +5,7 @@
 use pgrx::prelude::*;
 
 mod claim;
+mod diagnostics;
 mod digest;
 mod error;
 mod external;
@@ -32,6 +33,7 @@ pub extern "C-unwind" fn _PG_init() {
     postgres::write::define_settings();
     outbox::init();
     external::define_settings();
+    diagnostics::define_settings();
 }
 
 #[cfg(test)]

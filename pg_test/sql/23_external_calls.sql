@@ -85,5 +85,17 @@ SELECT sqlstate_of($$SELECT idem_call_resolve('order-37:paid', 'billing', 'charg
 RESET ROLE;
 DROP OWNED BY calls_app;
 DROP ROLE calls_app;
+
+-- idem_purge deletes confirmed calls older than their scope's retention (7 days for an
+-- undeclared scope), as it does claims; a call never confirmed stays until it is resolved.
+SELECT state FROM idem_call_begin('order-38:paid', 'billing', 'charge');
+UPDATE idempotency.external_calls
+   SET begun_at = begun_at - interval '8 days', confirmed_at = confirmed_at - interval '8 days'
+ WHERE key IN ('order-32:paid', 'order-38:paid');
+\o /dev/null
+CALL idem_purge();
+\o
+SELECT key, confirmed_at IS NOT NULL AS confirmed FROM idempotency.external_calls
+WHERE key IN ('order-32:paid', 'order-38:paid') ORDER BY key;
 RESET idempotency.unconfirmed_after;
 TRUNCATE idempotency.external_calls;
