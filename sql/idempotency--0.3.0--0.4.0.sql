@@ -86,6 +86,8 @@ CREATE TABLE idempotency.external_calls (
     begun_at     pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
     confirmed_at pg_catalog.timestamptz,
     response     pg_catalog.jsonb,
+    pid          pg_catalog.int4        NOT NULL,
+    backend_start pg_catalog.timestamptz NOT NULL,
     CONSTRAINT external_calls_pkey PRIMARY KEY (call_key)
 );
 COMMENT ON TABLE idempotency.external_calls IS
@@ -95,12 +97,16 @@ REVOKE ALL ON TABLE idempotency.external_calls FROM PUBLIC;
 
 -- The calls to reconcile: begun longer ago than idempotency.unconfirmed_after (one minute
 -- unless set) and never confirmed. Each may or may not have happened; someone checks the
--- API and says which with idem_call_resolve.
+-- API and says which with idem_call_resolve. consumer_connected: whether the session that
+-- began the call is still connected (so perhaps still calling); NULL where this role may not
+-- see that session (pg_read_all_stats may).
 CREATE VIEW idempotency.unconfirmed_calls AS
-SELECT scope, key, step, call_key, begun_at, pg_catalog.now() OPERATOR(pg_catalog.-) begun_at AS waiting
-FROM idempotency.external_calls
-WHERE confirmed_at IS NULL
-  AND begun_at OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(
+SELECT c.scope, c.key, c.step, c.call_key, c.begun_at, pg_catalog.now() OPERATOR(pg_catalog.-) c.begun_at AS waiting,
+       CASE WHEN a.pid IS NULL THEN false ELSE a.backend_start OPERATOR(pg_catalog.=) c.backend_start END AS consumer_connected
+FROM idempotency.external_calls AS c
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) c.pid
+WHERE c.confirmed_at IS NULL
+  AND c.begun_at OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(
         NULLIF(pg_catalog.current_setting('idempotency.unconfirmed_after', true), ''), '1min')::pg_catalog.interval);
 COMMENT ON VIEW idempotency.unconfirmed_calls IS
   'External calls begun more than idempotency.unconfirmed_after ago and not confirmed: they may or may not have happened. Resolve each with idem_call_resolve.';
@@ -125,13 +131,46 @@ AS 'MODULE_PATHNAME', 'idem_call_resolve_entry';
 COMMENT ON FUNCTION idem_call_resolve(text, text, text, boolean, jsonb) IS
   'Settles an unconfirmed external call: happened => true with the response the API gave, or happened => false to forget it, so that it may be made again.';
 
+-- Ledger estimates -------------------------------------------------------------------------
+
+-- Per scope: the claims the ledger holds, those made in the last `since`, and their share of
+-- its bytes, counted in a sample of at most 10,000 of its blocks (all of them when it is
+-- smaller, so small ledgers are counted exactly), never by a full scan of a large one.
+CREATE FUNCTION idempotency.ledger_estimate(since interval)
+RETURNS TABLE (scope_id bigint, claims bigint, claims_since bigint, bytes bigint)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+DECLARE
+  blocks pg_catalog.float8 := GREATEST(pg_catalog.pg_relation_size('idempotency.ledger'::pg_catalog.regclass)
+                                        OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.float8, 1);
+  percent pg_catalog.float8 := LEAST(100, 100 OPERATOR(pg_catalog.*) 10000 OPERATOR(pg_catalog./) blocks);
+BEGIN
+  RETURN QUERY
+  WITH sampled AS (
+    SELECT l.scope_id AS id, pg_catalog.count(*) AS n,
+           pg_catalog.count(*) FILTER (WHERE l.claimed_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) since)) AS n_since
+    FROM idempotency.ledger AS l TABLESAMPLE SYSTEM (percent) REPEATABLE (0)
+    GROUP BY l.scope_id
+  )
+  SELECT x.id,
+         pg_catalog.round(x.n OPERATOR(pg_catalog.*) 100 OPERATOR(pg_catalog./) percent)::pg_catalog.int8,
+         pg_catalog.round(x.n_since OPERATOR(pg_catalog.*) 100 OPERATOR(pg_catalog./) percent)::pg_catalog.int8,
+         pg_catalog.round(pg_catalog.pg_total_relation_size('idempotency.ledger'::pg_catalog.regclass)
+               OPERATOR(pg_catalog.*) x.n::pg_catalog.float8 OPERATOR(pg_catalog./) (pg_catalog.sum(x.n) OVER ()))::pg_catalog.int8
+  FROM sampled AS x;
+END
+$$;
+COMMENT ON FUNCTION idempotency.ledger_estimate(interval) IS
+  'Per scope_id: claims held, claims made in the last `since`, and their share of the ledger''s bytes, from a sample of at most 10,000 blocks.';
+
 -- Diagnostics --------------------------------------------------------------------------------
 
 -- Every duplicate a claim suppressed while idempotency.diagnostics was on: one row each, so no
 -- row is written by every consumer of a scope. The delay from the first claim to a duplicate
 -- names its likely source (idem_diagnostics). idem_purge keeps idempotency.diagnostics_retention.
+-- Only claims write it (src/diagnostics.rs), as the table's owner: no role needs a privilege.
 CREATE TABLE idempotency.duplicates (
-    seen_at          pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    seen_at          pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     first_claimed_at pg_catalog.timestamptz NOT NULL,
     scope_id         pg_catalog.int8        NOT NULL,
     key_digest       pg_catalog.uuid        NOT NULL,
@@ -142,21 +181,6 @@ COMMENT ON TABLE idempotency.duplicates IS
   'Duplicates suppressed by claims while idempotency.diagnostics was on: when, the first claim''s time, and which key (key_digest = idem_digest(key, scope)).';
 REVOKE ALL ON TABLE idempotency.duplicates FROM PUBLIC;
 
--- The claim records through this function, as its owner: a consumer role needs no privilege
--- on idempotency.duplicates, so turning diagnostics on cannot make its claims fail. It only
--- copies the time of claims that exist; every name in it is schema-qualified, so no
--- search_path can redirect it.
-CREATE FUNCTION idempotency.record_duplicates(scope text, scope_id bigint, key_digests uuid[])
-RETURNS void LANGUAGE sql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-BEGIN ATOMIC
-  INSERT INTO idempotency.duplicates (first_claimed_at, scope_id, key_digest, scope)
-  SELECT l.claimed_at, l.scope_id, l.key_digest, record_duplicates.scope
-  FROM pg_catalog.unnest(record_duplicates.key_digests) AS d(key_digest)
-  JOIN idempotency.ledger AS l ON l.key_digest OPERATOR(pg_catalog.=) d.key_digest
-  WHERE l.scope_id OPERATOR(pg_catalog.=) record_duplicates.scope_id;
-END;
-COMMENT ON FUNCTION idempotency.record_duplicates(text, bigint, uuid[]) IS
-  'Called by claims while idempotency.diagnostics is on: records the duplicates they suppressed.';
 
 -- Per scope over the last `since`: first claims (counted in the ledger, from a sample of at
 -- most 10,000 of its blocks when it is larger), duplicates, the delay from first claim to
@@ -168,12 +192,11 @@ RETURNS TABLE (scope text, first_claims bigint, duplicates bigint,
                likely_source text, hint text)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $$
-DECLARE
-  blocks pg_catalog.float8 := GREATEST(pg_catalog.pg_relation_size('idempotency.ledger'::pg_catalog.regclass)
-                                        OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.float8, 1);
-  percent pg_catalog.float8 := LEAST(100, 100 OPERATOR(pg_catalog.*) 10000 OPERATOR(pg_catalog./) blocks);
 BEGIN
-  IF since IS NULL OR since OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
+  IF since IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'since must not be NULL';
+  END IF;
+  IF since OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
     RAISE EXCEPTION USING ERRCODE = '22023',
       MESSAGE = pg_catalog.format('since must be a positive interval, not %s', COALESCE(since::pg_catalog.text, 'NULL'));
   END IF;
@@ -204,10 +227,8 @@ BEGIN
     GROUP BY b.scope_id, b.bucket
     ORDER BY b.scope_id, pg_catalog.count(*) DESC, b.bucket
   ), claims AS (
-    SELECT l.scope_id, pg_catalog.round(pg_catalog.count(*) OPERATOR(pg_catalog.*) 100 OPERATOR(pg_catalog./) percent)::pg_catalog.int8 AS n
-    FROM idempotency.ledger AS l TABLESAMPLE SYSTEM (percent) REPEATABLE (0)
-    WHERE l.claimed_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) since)
-    GROUP BY l.scope_id
+    SELECT e.scope_id, e.claims_since AS n FROM idempotency.ledger_estimate(since) AS e
+    WHERE e.claims_since OPERATOR(pg_catalog.>) 0
   )
   SELECT COALESCE(p.scope, s.scope, c.scope_id::pg_catalog.text),
          COALESCE(c.n, 0), COALESCE(p.duplicates, 0), p.p50, p.p95, p.p99, p.dmax,
@@ -248,6 +269,70 @@ COMMENT ON FUNCTION idem_diagnostics(interval) IS
 CREATE VIEW idempotency.diagnostics AS SELECT * FROM @extschema@.idem_diagnostics();
 COMMENT ON VIEW idempotency.diagnostics IS 'idem_diagnostics() over the last day.';
 
+-- Size budgets ---------------------------------------------------------------------------------
+
+-- Retention bounds a claim's age, not the ledger's size: at a high enough rate, claims younger
+-- than the retention alone can outgrow the disk. A declared scope may set a row budget; the
+-- retention view shows each scope's size now and where its rate takes it, and idem_purge warns
+-- (ID005) about every scope over its budget.
+ALTER TABLE idempotency.scopes ADD COLUMN row_budget pg_catalog.int8;
+
+CREATE FUNCTION idem_scope_budget(scope text, row_budget bigint)
+RETURNS idempotency.scopes
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  declared idempotency.scopes;
+BEGIN
+  IF scope IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'scope must not be NULL';
+  END IF;
+  IF row_budget OPERATOR(pg_catalog.<) 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('row_budget must be at least 1, not %s', row_budget),
+      HINT = 'Pass NULL to remove the budget.';
+  END IF;
+  UPDATE idempotency.scopes AS s SET row_budget = idem_scope_budget.row_budget
+   WHERE s.scope OPERATOR(pg_catalog.=) idem_scope_budget.scope
+  RETURNING s.* INTO declared;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = '42704', MESSAGE = pg_catalog.format('scope "%s" is not declared', scope),
+      HINT = 'Declare it with idem_declare_scope first: a budget belongs to a declared scope.';
+  END IF;
+  RETURN declared;
+END
+$$;
+COMMENT ON FUNCTION idem_scope_budget(text, bigint) IS
+  'Sets (or, with NULL, removes) the row budget of a declared scope: idem_purge warns with ID005 while the scope holds more claims.';
+
+-- The retention view, from 0.4.0 with each scope's size: claims and bytes now, claims of the
+-- last day, the steady-state size they lead to (claims per day x retention), and the budget.
+-- Sizes are estimates (idempotency.ledger_estimate).
+CREATE OR REPLACE VIEW idempotency.scope_retention AS
+WITH e AS (SELECT * FROM idempotency.ledger_estimate('1 day'))
+SELECT s.scope, s.broker_retention, s.dlq_retention, s.replay_window, s.buffer,
+       s.retention, s.late_replay, 'declared'::pg_catalog.text AS source,
+       COALESCE(e.claims, 0) AS claims_now, COALESCE(e.bytes, 0) AS bytes_now,
+       COALESCE(e.claims_since, 0) AS claims_per_day,
+       pg_catalog.round(COALESCE(e.claims_since, 0) OPERATOR(pg_catalog.*)
+             pg_catalog.date_part('epoch', s.retention) OPERATOR(pg_catalog./) 86400)::pg_catalog.int8 AS projected_claims,
+       s.row_budget,
+       COALESCE(e.claims, 0) OPERATOR(pg_catalog.>) s.row_budget AS over_budget
+FROM idempotency.scopes AS s
+LEFT JOIN e ON e.scope_id OPERATOR(pg_catalog.=) s.scope_id
+UNION ALL
+SELECT '(undeclared scopes)', NULL, NULL, NULL, NULL,
+       @extschema@.idem_default_retention(), 'error', 'idempotency.default_retention',
+       COALESCE(pg_catalog.sum(e.claims), 0)::pg_catalog.int8, COALESCE(pg_catalog.sum(e.bytes), 0)::pg_catalog.int8,
+       COALESCE(pg_catalog.sum(e.claims_since), 0)::pg_catalog.int8,
+       pg_catalog.round(COALESCE(pg_catalog.sum(e.claims_since), 0) OPERATOR(pg_catalog.*)
+             pg_catalog.date_part('epoch', @extschema@.idem_default_retention()) OPERATOR(pg_catalog./) 86400)::pg_catalog.int8,
+       NULL, NULL
+FROM e
+WHERE NOT EXISTS (SELECT FROM idempotency.scopes AS s WHERE s.scope_id OPERATOR(pg_catalog.=) e.scope_id);
+COMMENT ON VIEW idempotency.scope_retention IS
+  'Each declared scope''s retention, its parts and total, and the default of undeclared scopes; with estimated claims and bytes now, claims of the last day, the steady-state claims they lead to, and the row budget.';
+
 CREATE FUNCTION idem_diagnostics_retention()
 RETURNS interval LANGUAGE c STABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'idem_diagnostics_retention_wrapper';
@@ -273,6 +358,7 @@ DECLARE
   done_blocks bigint := 0;
   table_start bigint;
   phase integer;
+  over record;
   first_block bigint;
   last_block bigint;
   removed bigint;
@@ -351,7 +437,16 @@ BEGIN
   DELETE FROM idempotency.purge_runs AS p
    WHERE p.started_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) '30 days'::pg_catalog.interval);
   COMMIT;
+  -- What is left once everything expired is gone: a scope still over its budget keeps
+  -- growing faster than its retention lets it shrink.
+  FOR over IN SELECT r.scope, r.claims_now, r.projected_claims, r.row_budget
+              FROM idempotency.scope_retention AS r WHERE r.over_budget LOOP
+    RAISE WARNING USING ERRCODE = 'ID005',
+      MESSAGE = pg_catalog.format('scope "%s" holds about %s claims, over its budget of %s', over.scope, over.claims_now, over.row_budget),
+      DETAIL = pg_catalog.format('At its rate of the last day it would hold about %s claims for its retention.', over.projected_claims),
+      HINT = 'Its claims arrive faster than they expire. Shorten its retention (idem_declare_scope), raise the budget (idem_scope_budget), or find out why its rate grew (idem_diagnostics).';
+  END LOOP;
 END
 $$;
 COMMENT ON PROCEDURE idem_purge(integer, interval, bigint) IS
-  'Deletes expired claims, outbox messages sent longer than idempotency.outbox_retention ago, external calls confirmed longer ago than their scope''s retention, and duplicates recorded longer than idempotency.diagnostics_retention ago, in batches of batch_blocks heap blocks, committing (then pausing) after each; CALL it outside a transaction block. Progress: idempotency.purge_progress.';
+  'Deletes expired claims, outbox messages sent longer than idempotency.outbox_retention ago, external calls confirmed longer ago than their scope''s retention, and duplicates recorded longer than idempotency.diagnostics_retention ago, in batches of batch_blocks heap blocks, committing (then pausing) after each; then warns (ID005) about every scope over its row budget. CALL it outside a transaction block. Progress: idempotency.purge_progress.';

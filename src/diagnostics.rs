@@ -8,6 +8,8 @@
 //! Recording is a write in the claimer's transaction, so it is off by default: while off, a
 //! duplicate claim does exactly what its statement does and nothing more.
 
+use std::cell::Cell;
+
 use pgrx::datum::{DatumWithOid, Interval, Uuid};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -15,6 +17,7 @@ use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
 use crate::digest::Scope;
 use crate::error::Result;
+use crate::postgres::role;
 use crate::postgres::spi::Statement;
 
 pub static DIAGNOSTICS: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -48,12 +51,23 @@ fn idem_diagnostics_retention() -> Interval {
     crate::retention::seconds_interval(RETENTION.get())
 }
 
-// Through a SECURITY DEFINER function: a consumer role needs no privilege on the table, and
-// turning diagnostics on cannot make its claims fail with 42501.
+// Run as the table's owner: a consumer role needs no privilege on idempotency.duplicates, so
+// turning diagnostics on cannot make its claims fail with 42501, and no role can write the
+// table but the claims. seen_at is the clock's time, not the transaction's start, so that a
+// delay is never shorter than the time between the first claim and this one.
 static RECORD: Statement = Statement {
-    sql: "SELECT idempotency.record_duplicates($1, $2, $3)",
+    sql: "INSERT INTO idempotency.duplicates (seen_at, first_claimed_at, scope_id, key_digest, scope) \
+          SELECT pg_catalog.clock_timestamp(), l.claimed_at, l.scope_id, l.key_digest, $1 \
+          FROM pg_catalog.unnest($3) AS d(key_digest) \
+          JOIN idempotency.ledger AS l ON l.key_digest OPERATOR(pg_catalog.=) d.key_digest \
+          WHERE l.scope_id OPERATOR(pg_catalog.=) $2",
     args: &[pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::UUIDARRAYOID],
 };
+
+thread_local! {
+    /// The OIDs of schema idempotency and of idempotency.duplicates (see `open_owned`).
+    static DUPLICATES_OIDS: Cell<(pg_sys::Oid, pg_sys::Oid)> = const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
+}
 
 /// Records the duplicates of `scope` among `digests` (claims that found their key claimed
 /// already), when diagnostics are on.
@@ -65,6 +79,7 @@ pub fn duplicates(scope: &Scope<'_>, digests: impl FnOnce() -> Vec<Uuid>) -> Res
     if digests.is_empty() {
         return Ok(());
     }
+    let owner = DUPLICATES_OIDS.with(|oids| role::owner_of(c"idempotency", c"duplicates", oids))?;
     let args = [DatumWithOid::from(scope.name), DatumWithOid::from(scope.id), DatumWithOid::from(digests)];
-    Ok(RECORD.run(&args, |_| ())?)
+    Ok(role::as_user(owner, || RECORD.run(&args, |_| ()))?)
 }

@@ -68,10 +68,13 @@ impl<'a> Call<'a> {
     }
 }
 
+// The backend that begins a call is recorded, so that idempotency.unconfirmed_calls can tell a
+// call whose consumer is still connected (perhaps still calling) from one whose consumer died.
 static BEGIN_CALL: Statement = Statement {
-    sql: "INSERT INTO idempotency.external_calls (call_key, scope, key, step) VALUES ($1, $2, $3, $4) \
+    sql: "INSERT INTO idempotency.external_calls (call_key, scope, key, step, pid, backend_start) \
+          VALUES ($1, $2, $3, $4, pg_catalog.pg_backend_pid(), $5) \
           ON CONFLICT (call_key) DO NOTHING RETURNING begun_at",
-    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+    args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
 };
 
 static READ_CALL: Statement = Statement {
@@ -133,15 +136,20 @@ type CallState = (Option<String>, Option<String>, Option<JsonB>, Option<Timestam
 
 fn begin(call: &Call<'_>) -> Result<CallState> {
     own_transaction("idem_call_begin")?;
+    // SAFETY: reads the time this backend started, set once at its start.
+    let backend_start = TimestampWithTimeZone::try_from(unsafe { pg_sys::MyStartTimestamp })
+        .expect("the backend's start is a valid timestamp");
     let args = [
         DatumWithOid::from(call.id),
         DatumWithOid::from(call.scope.name),
         DatumWithOid::from(call.key),
         DatumWithOid::from(call.step),
+        DatumWithOid::from(backend_start),
     ];
     // A resolution that forgets the call may delete it between the two statements: then the
-    // call is new again.
-    loop {
+    // call is new again. Only a row that conflicts and yet cannot be read (a row-level security
+    // policy of the DBA's that hides it) makes that happen every time.
+    for _ in 0..3 {
         if let Some(begun_at) = BEGIN_CALL.run(&args, |rows| if rows.is_empty() { None } else { rows.get(0, 1) })? {
             return Ok((Some("new".into()), Some(call.id.to_string()), None, Some(begun_at)));
         }
@@ -150,6 +158,15 @@ fn begin(call: &Call<'_>) -> Result<CallState> {
             return Ok((Some(state.into()), Some(call.id.to_string()), r.response, Some(r.begun_at)));
         }
     }
+    Err(IdemError::new(
+        SqlState::ObjectNotInPrerequisiteState,
+        format!(
+            "the external call for step \"{}\" of key \"{}\" exists but cannot be read",
+            call.step,
+            abbreviate(call.key)
+        ),
+    )
+    .hint("A row-level security policy on idempotency.external_calls may hide it from this role."))
 }
 
 fn confirm(call: &Call<'_>, response: Option<JsonB>) -> Result<bool> {
@@ -159,13 +176,19 @@ fn confirm(call: &Call<'_>, response: Option<JsonB>) -> Result<bool> {
         return Ok(true);
     }
     match recorded(call)? {
-        None => Err(call.not_begun()),
+        None => Err(call.not_begun().detail(
+            "If idem_call_resolve forgot it (happened => false) while this call was in flight, the call may now be made twice.",
+        )),
         Some(_) => Ok(false),
     }
 }
 
 fn resolve(call: &Call<'_>, happened: Option<bool>, response: Option<JsonB>) -> Result<()> {
     let happened = required(happened, "happened")?;
+    if !happened && response.is_some() {
+        return Err(IdemError::new(SqlState::InvalidParameterValue, "a call that did not happen has no response")
+            .hint("Pass response only with happened => true."));
+    }
     let done = if happened {
         let response = required(response, "response")?;
         CONFIRM_CALL.run(&[DatumWithOid::from(call.id), DatumWithOid::from(response)], |rows| rows.len())?

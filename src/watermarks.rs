@@ -50,11 +50,15 @@ enum Partition<'a> {
 impl Partition<'_> {
     fn text(&self) -> Result<String> {
         Ok(match self {
-            Partition::Name(name) => required(*name, "partition")?.to_string(),
+            Partition::Name(name) => bounded(required(*name, "partition")?, "partition")?.to_string(),
             Partition::Number(number) => required(*number, "partition")?.to_string(),
         })
     }
 }
+
+/// Names are kept as they are (the primary key is on them), so each is bounded well inside a
+/// btree entry's limit; brokers' own names are far shorter (Kafka: 249 characters).
+const MAX_NAME: usize = 1024;
 
 fn stream_name(stream: Option<&str>) -> Result<&str> {
     let stream = required(stream, "stream")?;
@@ -62,7 +66,17 @@ fn stream_name(stream: Option<&str>) -> Result<&str> {
         return Err(IdemError::new(SqlState::InvalidParameterValue, "stream must not be empty")
             .hint("Name the stream as the broker does: a Kafka topic, a JetStream stream, a replication slot."));
     }
-    Ok(stream)
+    bounded(stream, "stream")
+}
+
+fn bounded<'a>(name: &'a str, what: &str) -> Result<&'a str> {
+    if name.len() > MAX_NAME {
+        return Err(IdemError::new(
+            SqlState::InvalidParameterValue,
+            format!("{what} must be at most {MAX_NAME} bytes long, not {}", name.len()),
+        ));
+    }
+    Ok(name)
 }
 
 /// A position is a whole number from zero up (an offset, a sequence, an LSN), stored without

@@ -6,7 +6,7 @@ examples/python/.venv's Python, against the cluster the libpq variables name.
 2. A second order's delivery; the API kills the consumer (SIGKILL) right after making the
    charge, before the consumer hears the response: the call is begun, never confirmed.
 3. Its redelivery does not charge again, exits "in doubt", and the call is listed in
-   idempotency.unconfirmed_calls.
+   idempotency.unconfirmed_calls, with the session that began it gone.
 4. Someone resolves it with the charge the API made; the next redelivery writes the payment
    with that charge, still without calling.
 5. Every delivery again: nothing charged, nothing written twice.
@@ -98,9 +98,9 @@ def main():
     if code != 75 or len(Api.charges) != 2 or charges_in_db() != [(1, "ch_1")]:
         fail(f"a redelivery of a call in doubt should park without charging: exit {code}, {Api.charges}")
     db.execute("SET idempotency.unconfirmed_after = 0")
-    listed = db.execute("SELECT scope, key, step FROM idempotency.unconfirmed_calls").fetchall()
-    if listed != [("billing", "order-2:paid", "charge")]:
-        fail(f"idempotency.unconfirmed_calls should list the call in doubt, not {listed}")
+    listed = db.execute("SELECT scope, key, step, consumer_connected FROM idempotency.unconfirmed_calls").fetchall()
+    if listed != [("billing", "order-2:paid", "charge", False)]:
+        fail(f"idempotency.unconfirmed_calls should list the call in doubt, its consumer gone, not {listed}")
 
     # 4. Resolved with what the API's records say; the next redelivery finishes the work.
     made = [c for o, c in Api.charges if o == 2]

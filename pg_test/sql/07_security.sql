@@ -1,7 +1,7 @@
 -- Safety: functions run with the caller's privileges (SECURITY INVOKER), every internal
--- reference is schema-qualified, and the ledger is reachable only through GRANTs. The one
--- exception, record_duplicates, only copies claim times into idempotency.duplicates while
--- diagnostics are on, so that consumer roles need no privilege there (24_diagnostics).
+-- reference is schema-qualified, and the ledger is reachable only through GRANTs. (Claims
+-- record duplicates, while diagnostics are on, as the owner of idempotency.duplicates, with no
+-- SECURITY DEFINER function that another role could call: 24_diagnostics.)
 
 SELECT p.proname, p.prosecdef AS security_definer
 FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'

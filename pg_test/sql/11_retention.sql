@@ -16,7 +16,8 @@ FROM idem_declare_scope('orders', '4 days', '14 days', '7 days', '1 day');
 SELECT scope, retention, late_replay
 FROM idem_declare_scope('events', broker_retention => '7 days', replay_window => '3 days',
                         buffer => '12 hours', late_replay => 'warn');
-SELECT * FROM idempotency.scope_retention ORDER BY scope;
+SELECT scope, broker_retention, dlq_retention, replay_window, buffer, retention, late_replay, source
+FROM idempotency.scope_retention ORDER BY scope;
 
 -- Bad declarations are refused with their SQLSTATE.
 SELECT sqlstate_of($$SELECT idem_declare_scope(NULL, '1 day')$$);

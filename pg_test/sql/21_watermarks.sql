@@ -6,6 +6,7 @@ CREATE TABLE ledger_entries (account text, amount numeric, kafka_offset bigint);
 -- The first message of partition 0 is new; applying it and advancing commit together.
 BEGIN;
 SELECT idem_watermark_advance('payments', 0, 41) AS new;
+-- new: apply the message; false: a redelivery, so skip its effect (and still commit).
 INSERT INTO ledger_entries (account, amount, kafka_offset) VALUES ('acct-1', 10, 41);
 COMMIT;
 
@@ -49,6 +50,9 @@ SELECT sqlstate_of($$SELECT idem_watermark_advance('payments', NULL, 1)$$);
 SELECT sqlstate_of($$SELECT idem_watermark_advance('payments', 0, NULL)$$);
 SELECT sqlstate_of($$SELECT idem_watermark(NULL, '0')$$);
 SELECT sqlstate_of($$SELECT idem_watermark_advance('payments', 0, '12abc')$$);
+SELECT sqlstate_of($$SELECT idem_watermark_advance(repeat('s', 1025), 0, 1)$$);
+SELECT sqlstate_of($$SELECT idem_watermark_advance('payments', repeat('p', 1025), 1)$$);
+SELECT idem_watermark_advance(repeat('s', 1024), repeat('p', 1024), 1) AS longest_names;
 SELECT idem_watermark('payments', 0) AS still;
 
 -- Under REPEATABLE READ a watermark another transaction advanced after this one's snapshot

@@ -16,7 +16,8 @@ SELECT state, response FROM idem_call_begin('order-31:paid', 'billing', 'charge'
 -- listed for reconciliation.
 SELECT count(*) AS listed_after_a_minute FROM idempotency.unconfirmed_calls;
 SET idempotency.unconfirmed_after = 0;
-SELECT scope, key, step, call_key::text = idem_external_key(key, scope, step) AS same_key
+SELECT scope, key, step, call_key::text = idem_external_key(key, scope, step) AS same_key,
+       consumer_connected
 FROM idempotency.unconfirmed_calls;
 
 -- Someone checked the API: the charge happened. The next redelivery reuses its response.
@@ -61,6 +62,7 @@ SELECT sqlstate_of($$SELECT idem_call_resolve('order-35:paid', 'billing', 'charg
 SELECT sqlstate_of($$SELECT idem_call_resolve('order-32:paid', 'billing', 'charge', false)$$);
 SELECT sqlstate_of($$SELECT idem_call_resolve('order-32:paid', 'billing', 'charge', true, NULL)$$);
 SELECT sqlstate_of($$SELECT idem_call_resolve('order-32:paid', 'billing', 'charge', NULL)$$);
+SELECT sqlstate_of($$SELECT idem_call_resolve('order-31:paid', 'billing', 'charge', false, '{}')$$);
 \set VERBOSITY sqlstate
 SELECT * FROM idem_call_begin('order-36:paid', 'billing', '');
 \echo :LAST_ERROR_MESSAGE
