@@ -149,7 +149,7 @@ BEGIN
   WITH sampled AS (
     SELECT l.scope_id AS id, pg_catalog.count(*) AS n,
            pg_catalog.count(*) FILTER (WHERE l.claimed_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) since)) AS n_since
-    FROM idempotency.ledger AS l TABLESAMPLE SYSTEM (percent) REPEATABLE (0)
+    FROM idempotency.ledger AS l TABLESAMPLE SYSTEM (percent)
     GROUP BY l.scope_id
   )
   SELECT x.id,
@@ -272,10 +272,11 @@ COMMENT ON VIEW idempotency.diagnostics IS 'idem_diagnostics() over the last day
 -- Size budgets ---------------------------------------------------------------------------------
 
 -- Retention bounds a claim's age, not the ledger's size: at a high enough rate, claims younger
--- than the retention alone can outgrow the disk. A declared scope may set a row budget; the
--- retention view shows each scope's size now and where its rate takes it, and idem_purge warns
--- (ID005) about every scope over its budget.
-ALTER TABLE idempotency.scopes ADD COLUMN row_budget pg_catalog.int8;
+-- than the retention alone can outgrow the disk. A declared scope may set a row budget;
+-- idempotency.scope_sizes shows each scope's size now and where its rate takes it, and
+-- idem_purge warns (ID005) about every scope over its budget.
+ALTER TABLE idempotency.scopes ADD COLUMN row_budget pg_catalog.int8
+    CONSTRAINT scopes_row_budget_check CHECK (row_budget OPERATOR(pg_catalog.>=) 1);
 
 CREATE FUNCTION idem_scope_budget(scope text, row_budget bigint)
 RETURNS idempotency.scopes
@@ -305,33 +306,51 @@ $$;
 COMMENT ON FUNCTION idem_scope_budget(text, bigint) IS
   'Sets (or, with NULL, removes) the row budget of a declared scope: idem_purge warns with ID005 while the scope holds more claims.';
 
--- The retention view, from 0.4.0 with each scope's size: claims and bytes now, claims of the
--- last day, the steady-state size they lead to (claims per day x retention), and the budget.
--- Sizes are estimates (idempotency.ledger_estimate).
-CREATE OR REPLACE VIEW idempotency.scope_retention AS
-WITH e AS (SELECT * FROM idempotency.ledger_estimate('1 day'))
-SELECT s.scope, s.broker_retention, s.dlq_retention, s.replay_window, s.buffer,
-       s.retention, s.late_replay, 'declared'::pg_catalog.text AS source,
+-- Each scope's size beside its retention: claims and bytes now, claims of the last day, the
+-- steady state they lead to (claims per day x retention), and the budget. A view of its own,
+-- so that reading idempotency.scope_retention stays cheap and needs no privilege it did not
+-- need before; this one reads the ledger with its owner's rights, from a sample of at most
+-- 10,000 blocks (all of them when it is smaller: small ledgers are counted exactly).
+CREATE VIEW idempotency.scope_sizes AS
+WITH p AS (
+  SELECT LEAST(100, 100 OPERATOR(pg_catalog.*) 10000 OPERATOR(pg_catalog./)
+               GREATEST(pg_catalog.pg_relation_size('idempotency.ledger'::pg_catalog.regclass)
+                        OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.float8, 1)) AS percent
+), sampled AS (
+  SELECT l.scope_id, pg_catalog.count(*) AS n,
+         pg_catalog.count(*) FILTER (WHERE l.claimed_at OPERATOR(pg_catalog.>=)
+                                     (pg_catalog.now() OPERATOR(pg_catalog.-) '1 day'::pg_catalog.interval)) AS n_day
+  FROM idempotency.ledger AS l TABLESAMPLE SYSTEM ((SELECT p.percent FROM p))
+  GROUP BY l.scope_id
+), e AS (
+  SELECT x.scope_id,
+         pg_catalog.round(x.n OPERATOR(pg_catalog.*) 100 OPERATOR(pg_catalog./) p.percent)::pg_catalog.int8 AS claims,
+         pg_catalog.round(x.n_day OPERATOR(pg_catalog.*) 100 OPERATOR(pg_catalog./) p.percent)::pg_catalog.int8 AS claims_day,
+         pg_catalog.round(pg_catalog.pg_total_relation_size('idempotency.ledger'::pg_catalog.regclass)
+               OPERATOR(pg_catalog.*) x.n::pg_catalog.float8 OPERATOR(pg_catalog./) (pg_catalog.sum(x.n) OVER ()))::pg_catalog.int8 AS bytes
+  FROM sampled AS x, p
+)
+SELECT s.scope, s.retention,
        COALESCE(e.claims, 0) AS claims_now, COALESCE(e.bytes, 0) AS bytes_now,
-       COALESCE(e.claims_since, 0) AS claims_per_day,
-       pg_catalog.round(COALESCE(e.claims_since, 0) OPERATOR(pg_catalog.*)
+       COALESCE(e.claims_day, 0) AS claims_per_day,
+       pg_catalog.round(COALESCE(e.claims_day, 0) OPERATOR(pg_catalog.*)
              pg_catalog.date_part('epoch', s.retention) OPERATOR(pg_catalog./) 86400)::pg_catalog.int8 AS projected_claims,
        s.row_budget,
        COALESCE(e.claims, 0) OPERATOR(pg_catalog.>) s.row_budget AS over_budget
 FROM idempotency.scopes AS s
 LEFT JOIN e ON e.scope_id OPERATOR(pg_catalog.=) s.scope_id
 UNION ALL
-SELECT '(undeclared scopes)', NULL, NULL, NULL, NULL,
-       @extschema@.idem_default_retention(), 'error', 'idempotency.default_retention',
+SELECT '(undeclared scopes)', @extschema@.idem_default_retention(),
        COALESCE(pg_catalog.sum(e.claims), 0)::pg_catalog.int8, COALESCE(pg_catalog.sum(e.bytes), 0)::pg_catalog.int8,
-       COALESCE(pg_catalog.sum(e.claims_since), 0)::pg_catalog.int8,
-       pg_catalog.round(COALESCE(pg_catalog.sum(e.claims_since), 0) OPERATOR(pg_catalog.*)
+       COALESCE(pg_catalog.sum(e.claims_day), 0)::pg_catalog.int8,
+       pg_catalog.round(COALESCE(pg_catalog.sum(e.claims_day), 0) OPERATOR(pg_catalog.*)
              pg_catalog.date_part('epoch', @extschema@.idem_default_retention()) OPERATOR(pg_catalog./) 86400)::pg_catalog.int8,
        NULL, NULL
 FROM e
 WHERE NOT EXISTS (SELECT FROM idempotency.scopes AS s WHERE s.scope_id OPERATOR(pg_catalog.=) e.scope_id);
-COMMENT ON VIEW idempotency.scope_retention IS
-  'Each declared scope''s retention, its parts and total, and the default of undeclared scopes; with estimated claims and bytes now, claims of the last day, the steady-state claims they lead to, and the row budget.';
+COMMENT ON VIEW idempotency.scope_sizes IS
+  'Per declared scope (and for all undeclared ones): estimated claims and bytes now, claims of the last day, the steady-state claims they lead to (claims per day x retention), the row budget and whether it is exceeded.';
+REVOKE ALL ON TABLE idempotency.scope_sizes FROM PUBLIC;
 
 CREATE FUNCTION idem_diagnostics_retention()
 RETURNS interval LANGUAGE c STABLE PARALLEL SAFE
@@ -358,7 +377,7 @@ DECLARE
   done_blocks bigint := 0;
   table_start bigint;
   phase integer;
-  over record;
+  over_budget record;
   first_block bigint;
   last_block bigint;
   removed bigint;
@@ -439,11 +458,18 @@ BEGIN
   COMMIT;
   -- What is left once everything expired is gone: a scope still over its budget keeps
   -- growing faster than its retention lets it shrink.
-  FOR over IN SELECT r.scope, r.claims_now, r.projected_claims, r.row_budget
-              FROM idempotency.scope_retention AS r WHERE r.over_budget LOOP
+  -- (Read from the scopes and the ledger, which a maintenance role may read, not through a view.)
+  FOR over_budget IN
+      SELECT sc.scope, e.claims, sc.row_budget,
+             pg_catalog.round(e.claims_since OPERATOR(pg_catalog.*) pg_catalog.date_part('epoch', sc.retention)
+                              OPERATOR(pg_catalog./) 86400)::pg_catalog.int8 AS projected
+      FROM idempotency.scopes AS sc
+      JOIN idempotency.ledger_estimate('1 day') AS e ON e.scope_id OPERATOR(pg_catalog.=) sc.scope_id
+      WHERE e.claims OPERATOR(pg_catalog.>) sc.row_budget LOOP
     RAISE WARNING USING ERRCODE = 'ID005',
-      MESSAGE = pg_catalog.format('scope "%s" holds about %s claims, over its budget of %s', over.scope, over.claims_now, over.row_budget),
-      DETAIL = pg_catalog.format('At its rate of the last day it would hold about %s claims for its retention.', over.projected_claims),
+      MESSAGE = pg_catalog.format('scope "%s" holds about %s claims, over its budget of %s',
+                                  over_budget.scope, over_budget.claims, over_budget.row_budget),
+      DETAIL = pg_catalog.format('At its rate of the last day it would hold about %s claims for its retention.', over_budget.projected),
       HINT = 'Its claims arrive faster than they expire. Shorten its retention (idem_declare_scope), raise the budget (idem_scope_budget), or find out why its rate grew (idem_diagnostics).';
   END LOOP;
 END

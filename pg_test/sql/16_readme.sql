@@ -45,7 +45,7 @@ SELECT retention FROM idem_declare_scope('events', '7 days', replay_window => '3
 -- RabbitMQ: a queue with x-message-ttl 24 h and a dead-letter queue whose TTL is 72 h.
 SELECT retention FROM idem_declare_scope('mail', '1 day', dlq_retention => '3 days', replay_window => '2 days');
 SELECT scope, broker_retention, dlq_retention, replay_window, buffer, retention, source
-FROM idempotency.scope_retention;   -- each scope's parts and total (and size: see budgets below)
+FROM idempotency.scope_retention;   -- each scope's parts and total (sizes: see budgets below)
 
 -- The late-replay guard, with a message older than the scope's retention.
 \set msg_key 'order-7:paid'
