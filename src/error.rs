@@ -151,6 +151,10 @@ pub fn finish<T>(result: Result<T>) -> Option<T> {
     match result {
         Ok(value) => Some(value),
         Err(error) => {
+            let error = match error {
+                IdemError::Postgres(error) => IdemError::Postgres(error.persist()),
+                own => own,
+            };
             PENDING.with(|p| *p.borrow_mut() = Some(error));
             None
         }

@@ -52,6 +52,25 @@ impl PgError {
         }
     }
 
+    /// The same error, copied into the transaction's memory. A set-returning function's
+    /// per-call memory, where [`catch`] copied it, is freed when the function returns, before
+    /// the entry point raises the error again (an assert-enabled server wipes it and TRAPs in
+    /// ReThrowError); the transaction's memory lasts until that raise aborts it.
+    pub fn persist(self) -> PgError {
+        // SAFETY: inside a function call there is a transaction; ReThrowError raises at once,
+        // catch copies the error into the current (transaction) context, and the context is
+        // switched back on both paths before anything else runs.
+        unsafe {
+            let caller = pg_sys::MemoryContextSwitchTo(pg_sys::TopTransactionContext);
+            let copied = catch(|| ffi::ReThrowError(self.0));
+            pg_sys::MemoryContextSwitchTo(caller);
+            match copied {
+                Err(error) => error,
+                Ok(never) => never,
+            }
+        }
+    }
+
     /// Raises the error again exactly as it was raised.
     ///
     /// # Safety
