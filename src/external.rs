@@ -54,15 +54,15 @@ impl<'a> Call<'a> {
         Ok(Call { key, scope, step: step.expect("external_id refuses NULL"), id })
     }
 
+    /// How messages name the call: its step and (the start of) its key.
+    fn named(&self) -> String {
+        format!("step \"{}\" of key \"{}\"", self.step, abbreviate(self.key))
+    }
+
     fn not_begun(&self) -> IdemError {
         IdemError::new(
             SqlState::NotClaimed,
-            format!(
-                "no external call was begun for step \"{}\" of key \"{}\" in scope \"{}\"",
-                self.step,
-                abbreviate(self.key),
-                self.scope.name
-            ),
+            format!("no external call was begun for {} in scope \"{}\"", self.named(), self.scope.name),
         )
         .hint("Call idem_call_begin before the call, and confirm only what it answered 'new' for.")
     }
@@ -160,19 +160,21 @@ fn begin(call: &Call<'_>) -> Result<CallState> {
     }
     Err(IdemError::new(
         SqlState::ObjectNotInPrerequisiteState,
-        format!(
-            "the external call for step \"{}\" of key \"{}\" exists but cannot be read",
-            call.step,
-            abbreviate(call.key)
-        ),
+        format!("the external call for {} exists but cannot be read", call.named()),
     )
     .hint("A row-level security policy on idempotency.external_calls may hide it from this role."))
 }
 
-fn confirm(call: &Call<'_>, response: Option<JsonB>) -> Result<bool> {
+/// Stores the response of a call not confirmed yet; false when there is no such call.
+fn store_response(call: &Call<'_>, response: Option<JsonB>) -> Result<bool> {
     let response = required(response, "response")?;
+    Ok(CONFIRM_CALL.run(&[DatumWithOid::from(call.id), DatumWithOid::from(response)], |rows| rows.len() == 1)?)
+}
+
+fn confirm(call: &Call<'_>, response: Option<JsonB>) -> Result<bool> {
+    required(response.as_ref(), "response")?;
     own_transaction("idem_call_confirm")?;
-    if CONFIRM_CALL.run(&[DatumWithOid::from(call.id), DatumWithOid::from(response)], |rows| rows.len())? == 1 {
+    if store_response(call, response)? {
         return Ok(true);
     }
     match recorded(call)? {
@@ -190,23 +192,18 @@ fn resolve(call: &Call<'_>, happened: Option<bool>, response: Option<JsonB>) -> 
             .hint("Pass response only with happened => true."));
     }
     let done = if happened {
-        let response = required(response, "response")?;
-        CONFIRM_CALL.run(&[DatumWithOid::from(call.id), DatumWithOid::from(response)], |rows| rows.len())?
+        store_response(call, response)?
     } else {
-        FORGET_CALL.run(&[DatumWithOid::from(call.id)], |rows| rows.len())?
+        FORGET_CALL.run(&[DatumWithOid::from(call.id)], |rows| rows.len() == 1)?
     };
-    if done == 1 {
+    if done {
         return Ok(());
     }
     match recorded(call)? {
         None => Err(call.not_begun()),
         Some(_) => Err(IdemError::new(
             SqlState::ObjectNotInPrerequisiteState,
-            format!(
-                "the external call for step \"{}\" of key \"{}\" is already confirmed",
-                call.step,
-                abbreviate(call.key)
-            ),
+            format!("the external call for {} is already confirmed", call.named()),
         )
         .detail("Its response is stored, and a redelivery reuses it; it cannot become unconfirmed again.")),
     }
