@@ -22,15 +22,19 @@ INSERT INTO read_model VALUES (1, 'new', 1);
 CREATE ROLE auditor NOLOGIN;
 GRANT INSERT ON idempotency.ledger TO auditor;
 GRANT UPDATE ON read_model TO auditor;
+GRANT UPDATE ON idempotency.watermarks TO auditor;
+INSERT INTO idempotency.watermarks (stream, partition, position) VALUES ('audited', '0', 0);
+CREATE SEQUENCE audited_positions;
 SQL
 
-audited() {  # audited SETTING: the AUDIT lines of a claim and a versioned update
+audited() {  # audited SETTING: the AUDIT lines of a claim, a versioned update and an advance
   run <<SQL | grep 'AUDIT:' || true
 SET pgaudit.log_client = on;
 SET pgaudit.log_level = notice;
 $1
 SELECT idem_claim('audited-' || pg_backend_pid());
 SELECT idem_versioned_update('read_model', '{"id": 1}', ('{"status": "paid", "version": ' || pg_backend_pid() || '}')::jsonb);
+SELECT idem_watermark_advance('audited', 0, nextval('audited_positions'));
 SQL
 }
 expect_audit() {  # expect_audit LINES PATTERN...: each pattern appears in LINES
@@ -43,14 +47,16 @@ $lines"
 # Object logging: a direct write is logged with the statement that called it.
 object=$(audited "SET pgaudit.role = 'auditor';")
 expect_audit "$object" "OBJECT,1,[0-9]+,WRITE,INSERT,TABLE,idempotency.ledger,\"?SELECT idem_claim" \
-                       "OBJECT,2,[0-9]+,WRITE,UPDATE,TABLE,public.read_model,\"?SELECT idem_versioned_update"
+                       "OBJECT,2,[0-9]+,WRITE,UPDATE,TABLE,public.read_model,\"?SELECT idem_versioned_update" \
+                       "OBJECT,[34],[0-9]+,WRITE,UPDATE,TABLE,idempotency.watermarks,\"?SELECT idem_watermark_advance"
 grep -q 'AUDIT: SESSION' <<<"$object" && fail "no session logging was asked for: $object"
 # Session logging of WRITE: the statement path runs, so both classes of line appear.
 session=$(audited "SET pgaudit.log = 'ddl, write'; SET pgaudit.role = 'auditor';")
 expect_audit "$session" "SESSION,1,[0-9]+,WRITE,INSERT,,,\"?INSERT INTO idempotency.ledger" \
                         "OBJECT,1,[0-9]+,WRITE,INSERT,TABLE,idempotency.ledger," \
                         "SESSION,2,[0-9]+,WRITE,UPDATE,,,\"?UPDATE public.read_model" \
-                        "OBJECT,2,[0-9]+,WRITE,UPDATE,TABLE,public.read_model,"
+                        "OBJECT,2,[0-9]+,WRITE,UPDATE,TABLE,public.read_model," \
+                        "SESSION,[34],[0-9]+,WRITE,UPDATE,,,\"?UPDATE idempotency.watermarks"
 session_all=$(audited "SET pgaudit.log = 'all, -misc';")
 expect_audit "$session_all" "SESSION,1,[0-9]+,WRITE,INSERT,,,\"?INSERT INTO idempotency.ledger"
 echo "executor hooks: pgaudit logs direct writes (object) and, with session logging of WRITE, their statements"

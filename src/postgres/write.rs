@@ -10,8 +10,8 @@
 //! included), rules, row-level security, generated columns, partitions or inheritance
 //! children to the caller's SPI statement, which lets the full executor honour them; so does
 //! [`direct_allowed`] while a setting asks the executor's hooks to see nested statements.
-//! The extension's own tables (the ledger's claims, the outbox's sends) go through
-//! [`DirectInsert`] only while they keep the [`Shape`] sql/ gave them.
+//! The extension's own tables (the ledger's claims, the outbox's sends, the watermarks'
+//! advances) are written directly only while they keep the [`Shape`] sql/ gave them.
 //!
 //! Error handling: every step runs inside [`catch`], so an error keeps all its fields. A
 //! PostgreSQL error aborts the transaction, and the abort releases everything a [`Target`]
@@ -40,7 +40,7 @@ pub static DIRECT_WRITES: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub fn define_settings() {
     GucRegistry::define_bool_guc(
         c"idempotency.direct_writes",
-        c"Write claims and versioned updates of plain tables without SPI.",
+        c"Write claims, sends, watermark advances and versioned updates of plain tables without SPI.",
         c"Off runs each write as its SQL statement through SPI, with the same results and a higher cost per call.",
         &DIRECT_WRITES,
         GucContext::Userset,
@@ -374,6 +374,86 @@ impl KeyLookup {
         let equal = (&*self.equal as *const pg_sys::FmgrInfo).cast_mut();
         !null && ffi::FunctionCall2Coll(equal, self.collation, stored, given).value() != 0
     }
+}
+
+/// A memory context of the backend's life, deleted with its owner.
+pub struct OwnedContext(pub pg_sys::MemoryContext);
+
+impl OwnedContext {
+    pub fn new(name: &'static std::ffi::CStr) -> OwnedContext {
+        // SAFETY: a child of TopMemoryContext, named by a static string.
+        OwnedContext(unsafe {
+            pg_sys::AllocSetContextCreateInternal(pg_sys::TopMemoryContext, name.as_ptr(), 0, 1024, 8 * 1024)
+        })
+    }
+}
+
+impl Drop for OwnedContext {
+    fn drop(&mut self) {
+        // SAFETY: the context is this value's own, created by it and deleted only here.
+        unsafe { pg_sys::MemoryContextDelete(self.0) };
+    }
+}
+
+/// The index's equality for a key column, when it is the column type's own `=` (the one the
+/// generated statement would use), its function looked up in `context`.
+///
+/// # Safety
+/// `context` must outlive the result's use.
+pub unsafe fn equality(
+    type_oid: pg_sys::Oid,
+    opfamily: pg_sys::Oid,
+    input_type: pg_sys::Oid,
+    context: pg_sys::MemoryContext,
+) -> Option<Box<pg_sys::FmgrInfo>> {
+    let operator = pg_sys::get_opfamily_member(opfamily, input_type, input_type, pg_sys::BTEqualStrategyNumber as i16);
+    let default = (*pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_EQ_OPR as i32)).eq_opr;
+    if operator == pg_sys::InvalidOid || operator != default {
+        return None;
+    }
+    let mut equal = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
+    pg_sys::fmgr_info_cxt(pg_sys::get_opcode(operator), &mut *equal, context);
+    Some(equal)
+}
+
+/// `UPDATE rel SET changes WHERE key = given AND newer(row)` on a plain table, where the
+/// key is that of the unique index `index`: true when a row changed. A missing row, or one
+/// `newer` rejects, is found to be so before any executor state exists; a row a concurrent
+/// transaction changed is followed to its newest version and judged again, as EvalPlanQual
+/// does.
+///
+/// # Safety
+/// `rel` must be open with RowExclusiveLock and [`is_plain`]; `keys` in the index's column
+/// order, each change a value of its column's type, and `permissions` the statement's.
+pub unsafe fn update_where(
+    rel: pg_sys::Relation,
+    index: pg_sys::Oid,
+    keys: &[(&KeyLookup, pg_sys::Datum)],
+    permissions: &Permissions,
+    changes: &[(i16, pg_sys::Datum, bool)],
+    newer: impl Fn(&FoundRow) -> Result<bool>,
+) -> Result<bool> {
+    permissions.check(rel)?;
+    let snapshot = StatementSnapshot::take()?;
+    let given = || keys.iter().copied();
+    let changed = match FoundRow::find(rel, index, given(), &snapshot)? {
+        Some(row) if newer(&row)? => {
+            let target = Target::begin(rel, permissions)?;
+            let changed = loop {
+                match target.update(&row, changes)? {
+                    Update::Updated => break true,
+                    Update::Skipped => break false,
+                    Update::Recheck if !(row.still_matches(given())? && newer(&row)?) => break false,
+                    Update::Recheck => {}
+                }
+            };
+            target.finish()?;
+            changed
+        }
+        _ => false,
+    };
+    snapshot.release();
+    Ok(changed)
 }
 
 /// The row a unique index found, in a slot of the table's own kind; the slot is dropped and

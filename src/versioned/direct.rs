@@ -16,7 +16,7 @@ use pgrx::pg_sys;
 
 use crate::jsonb::{integer, Member};
 use crate::postgres::write::{
-    attributes, is_plain, unique_index, FoundRow, KeyLookup, Permissions, StatementSnapshot, Target, Update,
+    attributes, equality, is_plain, unique_index, update_where, FoundRow, KeyLookup, OwnedContext, Permissions,
 };
 use crate::postgres::{catch, ffi, PgError};
 
@@ -78,25 +78,6 @@ struct KeyColumn {
     /// Which of the key's members holds the column's value.
     member: usize,
     lookup: KeyLookup,
-}
-
-/// A memory context of the backend's life, deleted with its owner.
-struct OwnedContext(pg_sys::MemoryContext);
-
-impl OwnedContext {
-    fn new(name: &'static std::ffi::CStr) -> OwnedContext {
-        // SAFETY: a child of TopMemoryContext, named by a static string.
-        OwnedContext(unsafe {
-            pg_sys::AllocSetContextCreateInternal(pg_sys::TopMemoryContext, name.as_ptr(), 0, 1024, 8 * 1024)
-        })
-    }
-}
-
-impl Drop for OwnedContext {
-    fn drop(&mut self) {
-        // SAFETY: the context is this value's own, created by it and deleted only here.
-        unsafe { pg_sys::MemoryContextDelete(self.0) };
-    }
 }
 
 /// The direct write for one (table, version column, key columns, changed columns).
@@ -249,34 +230,12 @@ impl DirectUpdate {
                 }
             }
         })?;
-        self.permissions.check(rel)?;
-        let snapshot = StatementSnapshot::take()?;
         let new_version = new_values[self.version].0;
-        let keys = || self.keys.iter().map(|k| &k.lookup).zip(given_key.iter().copied());
-        let changed = match FoundRow::find(rel, self.index, keys(), &snapshot)? {
-            Some(row) if self.is_newer(&row, new_version)? => {
-                let changes: Vec<(i16, pg_sys::Datum, bool)> =
-                    self.changes.iter().zip(&new_values).map(|(c, &(value, null))| (c.attnum, value, null)).collect();
-                let target = Target::begin(rel, &self.permissions)?;
-                // Following the row through concurrent updates until it lands or stops being
-                // the row the key names with an older version.
-                let changed = loop {
-                    match target.update(&row, &changes)? {
-                        Update::Updated => break true,
-                        Update::Skipped => break false,
-                        Update::Recheck if !(row.still_matches(keys())? && self.is_newer(&row, new_version)?) => {
-                            break false
-                        }
-                        Update::Recheck => {}
-                    }
-                };
-                target.finish()?;
-                changed
-            }
-            _ => false,
-        };
-        snapshot.release();
-        Ok(changed)
+        let keys: Vec<(&KeyLookup, pg_sys::Datum)> =
+            self.keys.iter().map(|k| &k.lookup).zip(given_key.iter().copied()).collect();
+        let changes: Vec<(i16, pg_sys::Datum, bool)> =
+            self.changes.iter().zip(&new_values).map(|(c, &(value, null))| (c.attnum, value, null)).collect();
+        update_where(rel, self.index, &keys, &self.permissions, &changes, |row| self.is_newer(row, new_version))
     }
 
     /// A stored NULL version is older than any version.
@@ -476,24 +435,6 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
             }
         }
     }
-}
-
-/// The index's equality for a key column, when it is the column type's own `=` (the one the
-/// generated statement would use).
-unsafe fn equality(
-    type_oid: pg_sys::Oid,
-    opfamily: pg_sys::Oid,
-    input_type: pg_sys::Oid,
-    context: pg_sys::MemoryContext,
-) -> Option<Box<pg_sys::FmgrInfo>> {
-    let operator = pg_sys::get_opfamily_member(opfamily, input_type, input_type, pg_sys::BTEqualStrategyNumber as i16);
-    let default = (*pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_EQ_OPR as i32)).eq_opr;
-    if operator == pg_sys::InvalidOid || operator != default {
-        return None;
-    }
-    let mut equal = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
-    pg_sys::fmgr_info_cxt(pg_sys::get_opcode(operator), &mut *equal, context);
-    Some(equal)
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -526,6 +526,15 @@ pub enum Op {
         claim: Option<(String, String)>,
         messages: Vec<Message>,
     },
+    /// idem_watermark_advance(stream, partition, pos): a text partition, or a numbered one
+    /// when `numbered`; `pos` a whole number's text (the function refuses others, where the
+    /// hand-written statements have no rule to compare with).
+    Advance {
+        stream: String,
+        partition: String,
+        numbered: bool,
+        pos: String,
+    },
     /// A read in a concurrent case: it takes predicate locks, and takes the snapshot.
     Read(String),
     /// New claims `warm-{prefix}-1` … `warm-{prefix}-{count}`: the first step of a sequential
@@ -613,6 +622,37 @@ const OUTBOX_CHANGES: [&str; 12] = [
     "ALTER SEQUENCE idempotency.outbox_seq INCREMENT 7 MAXVALUE 30",
 ];
 
+/// Watermark variations a DBA may make: an index on the position (so no update is HOT), a
+/// CHECK it can break, NOT NULL dropped and a NULL stored, an extra column, a new default,
+/// the key's columns swapped or their collation changed, a changed type, a trigger, row-level
+/// security.
+const WATERMARK_CHANGES: [&str; 11] = [
+    "CREATE INDEX watermarks_position ON idempotency.watermarks (position)",
+    "ALTER TABLE idempotency.watermarks ADD CONSTRAINT watermarks_bounded CHECK (position < 1000 AND tableoid <> 0)",
+    "ALTER TABLE idempotency.watermarks ALTER position DROP NOT NULL; \
+     INSERT INTO idempotency.watermarks VALUES ('orders', '2', NULL, '2000-01-01')",
+    "ALTER TABLE idempotency.watermarks ADD COLUMN note text DEFAULT 'n'",
+    "ALTER TABLE idempotency.watermarks ALTER advanced_at SET DEFAULT '2001-02-03 04:05:06+00'",
+    "ALTER TABLE idempotency.watermarks DROP CONSTRAINT watermarks_pkey, \
+     ADD CONSTRAINT watermarks_key UNIQUE (partition, stream)",
+    "ALTER TABLE idempotency.watermarks ALTER stream TYPE text COLLATE \"default\"",
+    "ALTER TABLE idempotency.watermarks ALTER position TYPE int8",
+    "CREATE FUNCTION t.wm_touch() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN NEW.position := NEW.position + 100; \
+     RETURN NEW; END$$; CREATE TRIGGER wm_touch BEFORE UPDATE ON idempotency.watermarks \
+     FOR EACH ROW EXECUTE FUNCTION t.wm_touch()",
+    "ALTER TABLE idempotency.watermarks ENABLE ROW LEVEL SECURITY; \
+     CREATE POLICY wm_orders ON idempotency.watermarks USING (stream = 'orders')",
+    "CREATE UNIQUE INDEX watermarks_extra ON idempotency.watermarks (stream, partition)",
+];
+
+/// What diff_app may do with the watermarks.
+const WATERMARK_GRANTS: [&str; 4] = [
+    "GRANT SELECT, INSERT, UPDATE ON idempotency.watermarks TO diff_app",
+    "GRANT SELECT (stream, partition, position), INSERT, UPDATE (position, advanced_at) ON idempotency.watermarks TO diff_app",
+    "GRANT SELECT, INSERT, UPDATE (position) ON idempotency.watermarks TO diff_app",
+    "GRANT INSERT, UPDATE ON idempotency.watermarks TO diff_app",
+];
+
 /// What diff_app may do with the outbox and its sequence.
 const OUTBOX_GRANTS: [&str; 5] = [
     "GRANT SELECT, INSERT ON idempotency.outbox TO diff_app; GRANT USAGE ON SEQUENCE idempotency.outbox_seq TO diff_app",
@@ -681,7 +721,48 @@ impl Case {
         }
         let mut case = Case { seed, index, setup, ledger_changed, concurrent: false, steps };
         case.add_sends(limited);
+        case.add_watermarks(limited);
         case
+    }
+
+    /// Watermark advances, changes and grants in some sequential cases, from a generator of
+    /// their own (as for sends).
+    fn add_watermarks(&mut self, limited: bool) {
+        let mut rng = Rng::for_case(self.seed ^ 0x776d_6172_6b73, self.index);
+        if !rng.chance(35) {
+            return;
+        }
+        self.setup.push(
+            "INSERT INTO idempotency.watermarks (stream, partition, position, advanced_at) \
+             VALUES ('orders', '0', 5, '2000-01-01'), ('orders', '1', 0, '2000-01-01'), \
+             ('ü', 'p', 18446744073709551615, '2000-01-01')"
+                .to_string(),
+        );
+        for _ in 0..(if rng.chance(50) { rng.below(2) + 1 } else { 0 }) {
+            self.setup.push(rng.pick(&WATERMARK_CHANGES).to_string());
+            self.ledger_changed = true;
+        }
+        if limited {
+            self.setup.push(rng.pick(&WATERMARK_GRANTS).to_string());
+        }
+        for _ in 0..rng.below(6) + 1 {
+            let numbered = rng.chance(40);
+            let partition = if numbered {
+                rng.pick(&["0", "1", "2", "7"]).to_string()
+            } else {
+                rng.pick(&["0", "1", "2", "p", "P", "ü"]).to_string()
+            };
+            let pos = match rng.below(10) {
+                0 => "18446744073709551616".to_string(),
+                1 => "1000".to_string(),
+                _ => (rng.below(12)).to_string(),
+            };
+            let op =
+                Op::Advance { stream: rng.pick(&["orders", "Orders", "ü"]).to_string(), partition, numbered, pos };
+            let step = Step { session: 0, limited: limited && rng.chance(70), op };
+            let at = rng.below(self.steps.len() + 1);
+            self.steps.insert(at, step);
+        }
     }
 
     /// Outbox sends, changes and grants in some sequential cases, drawn from a generator of

@@ -166,8 +166,9 @@ impl Db {
         let ledger = if self.ledger_changed {
             "DROP EXTENSION idempotency CASCADE; CREATE EXTENSION idempotency;"
         } else {
-            "TRUNCATE idempotency.ledger, idempotency.outbox; ALTER SEQUENCE idempotency.outbox_seq RESTART; \
-             REVOKE ALL ON idempotency.ledger, idempotency.outbox FROM diff_app; \
+            "TRUNCATE idempotency.ledger, idempotency.outbox, idempotency.watermarks; \
+             ALTER SEQUENCE idempotency.outbox_seq RESTART; \
+             REVOKE ALL ON idempotency.ledger, idempotency.outbox, idempotency.watermarks FROM diff_app; \
              REVOKE ALL ON SEQUENCE idempotency.outbox_seq FROM diff_app; REVOKE ALL ON SCHEMA idempotency FROM diff_app;"
         };
         self.aux
@@ -249,7 +250,7 @@ impl Db {
         let sql = "RESET ROLE; SELECT pg_current_xact_id_if_assigned() IS NOT NULL, \
                    (SELECT string_agg(format('%s.%s ins=%s upd=%s del=%s hot_upd=%s', schemaname, relname, n_tup_ins, n_tup_upd, \
                                              n_tup_del, n_tup_hot_upd), '; ' ORDER BY schemaname, relname) \
-                      FROM pg_stat_xact_user_tables WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger', 'outbox')), \
+                      FROM pg_stat_xact_user_tables WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger', 'outbox', 'watermarks')), \
                    pg_stat_force_next_flush()";
         match client.simple_query(sql) {
             Ok(messages) => {
@@ -275,13 +276,14 @@ impl Db {
         let rows = "SELECT (SELECT string_agg(r::text, E'\\n' ORDER BY r::text) FROM t.tab r) || E'\\n--\\n' || \
                     coalesce((SELECT string_agg(l::text, E'\\n' ORDER BY l::text) FROM idempotency.ledger l), '') || \
                     E'\\n--\\n' || coalesce((SELECT string_agg(o::text, E'\\n' ORDER BY o::text) FROM idempotency.outbox o), '') || \
-                    E'\\n--\\n' || coalesce((SELECT format('seq %s %s', last_value, is_called) FROM idempotency.outbox_seq), '')";
+                    E'\\n--\\n' || coalesce((SELECT format('seq %s %s', last_value, is_called) FROM idempotency.outbox_seq), '') || \
+                    E'\\n--\\n' || coalesce((SELECT string_agg(w::text, E'\\n' ORDER BY w::text) FROM idempotency.watermarks w), '')";
         let state = value(&mut self.aux, rows).unwrap_or_else(|e| describe(&e));
         record(trace, &format!("{label} rows"), name_times(&state, times), false);
         let counts =
             "SELECT string_agg(format('%s.%s live=%s dead=%s', schemaname, relname, n_live_tup, n_dead_tup), '; ' \
                       ORDER BY schemaname, relname) FROM pg_stat_user_tables \
-                      WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger', 'outbox')";
+                      WHERE schemaname IN ('t', 'idempotency') AND relname IN ('tab', 'ledger', 'outbox', 'watermarks')";
         record(trace, &format!("{label} tuples"), value(&mut self.aux, counts).unwrap_or_else(|e| describe(&e)), false);
         let amcheck =
             "SELECT string_agg(c.relname || bt_index_check(i.indexrelid, true)::text, ', ' ORDER BY c.relname) \
@@ -447,6 +449,29 @@ impl Db {
                     ]
                 }));
                 (statements, Shape::Value)
+            }
+            (Way::Direct | Way::Statement, Op::Advance { stream, partition, numbered, pos }) => {
+                let partition = if *numbered { format!("{partition}::int8") } else { q(partition) };
+                (vec![format!("SELECT idem_watermark_advance({}, {partition}, {pos})", q(stream))], Shape::Value)
+            }
+            (Way::Hand, Op::Advance { stream, partition, pos, .. }) => {
+                let (stream, partition) = (q(stream), q(partition));
+                (
+                    vec![
+                        format!(
+                            "UPDATE idempotency.watermarks SET position = {pos}, advanced_at = now() \
+                             WHERE stream = {stream} AND partition = {partition} AND position < {pos} RETURNING true"
+                        ),
+                        format!(
+                            "{UNLESS_ANSWERED}INSERT INTO idempotency.watermarks AS w (stream, partition, position) \
+                             VALUES ({stream}, {partition}, {pos}) ON CONFLICT (stream, partition) DO UPDATE \
+                             SET position = excluded.position, advanced_at = now() \
+                             WHERE w.position < excluded.position RETURNING true"
+                        ),
+                        format!("{UNLESS_ANSWERED}SELECT false"),
+                    ],
+                    Shape::Value,
+                )
             }
             (Way::Hand, Op::Claim { key, scope, payload }) => {
                 (vec![claim_insert(key, scope, payload.as_deref())], Shape::Inserted)
