@@ -12,6 +12,13 @@ passed=0 skipped=""
 
 show_diffs() { cat "$1/regression.diffs" 2>/dev/null | head -300; exit 1; }
 
+# A failure's last line names its suite: a CI log keeps only its tail.
+failing=""
+report_failure() {  # report_failure STATUS
+  [ "$1" = 0 ] || [ -z "$failing" ] || echo "suites: FAILED in $failing, after $passed passed"
+}
+trap 'report_failure $?' EXIT
+
 # suite NAME TITLE COMMAND...: runs COMMAND unless NAME is listed in SKIP_SUITES; any
 # failure stops the script.
 suite() {
@@ -20,7 +27,9 @@ suite() {
     echo "== $title: skipped (${SKIP_WHY:-SKIP_SUITES})"; skipped+=" $name"; return
   fi
   echo "== $title"
+  failing="$name ($title)"
   "$@"
+  failing=""
   passed=$((passed + 1))
 }
 
@@ -67,12 +76,12 @@ suite upgrade "ALTER EXTENSION UPDATE from every release keeps every stored key"
 # updates it through the upgrade scripts, since the current version's script is set aside.
 upgraded_pass() {
   UPGRADE_ONLY_PATH=1 bash tests/upgrade.sh
-  trap 'UPGRADE_RESTORE=1 bash tests/upgrade.sh' EXIT
+  trap 'status=$?; UPGRADE_RESTORE=1 bash tests/upgrade.sh; report_failure $status' EXIT
   regress_into "$RESULTS_DIR/regress-upgraded" "${regress[@]}"
   regress_into "$RESULTS_DIR/isolation-upgraded" "${isolation[@]}"
   cargo run -q --release -p idempotency-differential -- --seed 2 --cases 100
   UPGRADE_RESTORE=1 bash tests/upgrade.sh
-  trap - EXIT
+  trap 'report_failure $?' EXIT
 }
 suite upgraded "pg_regress, isolation and the differential tester on an extension updated from the oldest release" upgraded_pass
 suite pg_cron "pg_cron runs the scheduled purge" bash tests/pg_cron.sh
