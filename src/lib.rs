@@ -29,6 +29,11 @@ extension_sql_file!("../sql/idempotency--0.3.0--0.4.0.sql", name = "streams", fi
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    postgres::relcache::listen(&[
+        postgres::write::forget_shape,
+        versioned::forget_plans,
+        watermarks::forget_direct_move,
+    ]);
     retention::define_settings();
     postgres::write::define_settings();
     outbox::init();

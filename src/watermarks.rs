@@ -80,10 +80,10 @@ thread_local! {
     /// The table's OID and its plan, None where it needs the statement. Shared with the call
     /// running it, so that an invalidation read meanwhile (a lock wait) drops only the cache's.
     static DIRECT_MOVE: RefCell<Option<(pg_sys::Oid, Option<Rc<DirectMove>>)>> = const { RefCell::new(None) };
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
-unsafe extern "C-unwind" fn forget_direct_move(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+/// Relcache invalidation: forget the plan of the table (of every table when relid is 0).
+pub fn forget_direct_move(relid: pg_sys::Oid) {
     // Taken out before it is dropped: dropping deletes a memory context, which must not find
     // the cell borrowed.
     let stale = DIRECT_MOVE.with(|m| {
@@ -101,10 +101,6 @@ unsafe extern "C-unwind" fn forget_direct_move(_arg: pg_sys::Datum, relid: pg_sy
 /// # Safety
 /// `rel` must be open.
 unsafe fn direct_move(rel: pg_sys::Relation) -> Option<Rc<DirectMove>> {
-    if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
-        // SAFETY: registered once per backend; the callback only clears a thread-local cache.
-        pg_sys::CacheRegisterRelcacheCallback(Some(forget_direct_move), pg_sys::Datum::from(0));
-    }
     let relid = (*rel).rd_id;
     if let Some(plan) = DIRECT_MOVE.with(|m| match &*m.borrow() {
         Some((oid, plan)) if *oid == relid => Some(plan.clone()),
@@ -361,6 +357,8 @@ mod tests {
         assert!(goes_direct(), "a key whose columns are in another order");
         Spi::run("ALTER TABLE idempotency.watermarks ALTER stream TYPE text COLLATE \"default\"").unwrap();
         assert!(goes_direct(), "the index follows the column's new collation");
+        Spi::run("ALTER TABLE idempotency.watermarks ALTER position TYPE numeric(30,2)").unwrap();
+        assert!(!goes_direct(), "a typmod, which the statement's assignment applies");
         Spi::run("ALTER TABLE idempotency.watermarks ALTER position TYPE int8").unwrap();
         assert!(!goes_direct(), "a changed type");
     }

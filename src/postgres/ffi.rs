@@ -35,6 +35,7 @@ unguarded! {
     fn CommandCounterIncrement();
     fn UpdateActiveSnapshotCommandId();
     fn GetCurrentCommandId(used: bool) -> CommandId;
+    fn CheckCmdReplicaIdentity(rel: Relation, cmd: CmdType::Type);
 
     fn index_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
     fn index_close(relation: Relation, lockmode: LOCKMODE);

@@ -6,6 +6,7 @@
 //!   raised again exactly as the equivalent statement raises it.
 //! - [`args`]: the arguments of a `VARIADIC "any"` function, each by its own type.
 //! - [`ffi`]: PostgreSQL functions declared without pgrx's per-call guard, for [`catch`].
+//! - [`relcache`]: the one relcache callback, which tells each per-table cache to forget.
 //! - [`role`]: the extension's own bookkeeping, run as the owner of the table it writes.
 //! - [`settings`]: other extensions' settings, read without a lookup by name per call.
 //! - [`version`]: every difference between the PostgreSQL majors, and only those.
@@ -17,6 +18,7 @@
 pub mod args;
 pub mod ffi;
 mod guard;
+pub mod relcache;
 pub mod role;
 mod settings;
 pub mod spi;

@@ -434,7 +434,13 @@ pub unsafe fn update_where(
     newer: impl Fn(&FoundRow) -> Result<bool>,
 ) -> Result<bool> {
     permissions.check(rel)?;
+    // The executor's next checks, before it reads a row: a table published for updates needs
+    // a replica identity (CheckValidResultRel's 55000 or 42P10, even when no row matches).
+    catch(|| ffi::CheckCmdReplicaIdentity(rel, pg_sys::CmdType::CMD_UPDATE))?;
     let snapshot = StatementSnapshot::take()?;
+    // The statement's command id counts as used whether or not a row changes, so the command
+    // after it gets the next one.
+    catch(|| ffi::GetCurrentCommandId(true))?;
     let given = || keys.iter().copied();
     let changed = match FoundRow::find(rel, index, given(), &snapshot)? {
         Some(row) if newer(&row)? => {
@@ -890,7 +896,7 @@ impl ColumnDefault {
 
 /// The columns an extension-owned table is created with (sql/), in table order, and their
 /// defaults. A table that no longer has exactly this shape (a column a DBA added, a default
-/// changed or added, an identity or generated column) needs the INSERT statement to fill its
+/// changed or added, a typmod, an identity or generated column) needs the INSERT statement to fill its
 /// rows in; so does one with a CHECK or an index that calls a function that is not immutable
 /// ([`runs_mutable_functions`]).
 pub struct Shape {
@@ -906,7 +912,8 @@ thread_local! {
     static SHAPED: std::cell::RefCell<Vec<(pg_sys::Oid, bool)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-unsafe extern "C-unwind" fn forget_shape(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+/// Forgets whether the table `relid` (every table when 0) has its shape.
+pub fn forget_shape(relid: pg_sys::Oid) {
     SHAPED.with(|shaped| shaped.borrow_mut().retain(|(oid, _)| relid != pg_sys::InvalidOid && *oid != relid));
 }
 
@@ -920,15 +927,14 @@ impl Shape {
         if let Some(fits) = SHAPED.with(|s| s.borrow().iter().find(|(oid, _)| *oid == relid).map(|(_, fits)| *fits)) {
             return fits;
         }
-        thread_local! { static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) }; }
-        if !REGISTERED.replace(true) {
-            pg_sys::CacheRegisterRelcacheCallback(Some(forget_shape), pg_sys::Datum::from(0));
-        }
         let attrs = attributes(rel);
         let n = self.types.len();
         let has_default = |attnum: i16| self.defaults.iter().any(|(a, _)| *a == attnum);
         let fits = attrs.len() >= n
-            && self.types.iter().zip(attrs).all(|(&type_oid, attr)| !attr.attisdropped && attr.atttypid == type_oid)
+            // A typmod (numeric(30,2), timestamptz(0)) is applied by the statement's assignment.
+            && self.types.iter().zip(attrs).all(|(&type_oid, attr)| {
+                !attr.attisdropped && attr.atttypid == type_oid && attr.atttypmod < 0
+            })
             && attrs[n..].iter().all(|attr| attr.attisdropped)
             && attrs.iter().all(|attr| attr.attidentity == 0 && attr.attgenerated == 0)
             && attrs.iter().all(|attr| attr.atthasdef == has_default(attr.attnum))

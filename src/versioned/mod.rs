@@ -8,7 +8,7 @@
 //! (ALTER TABLE, RENAME, CREATE/DROP INDEX) drops its plans, so they are rebuilt from the
 //! new catalog.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::rc::Rc;
@@ -239,11 +239,10 @@ enum Plan {
 
 thread_local! {
     static PLANS: RefCell<HashMap<(pg_sys::Oid, String), Rc<Plan>>> = RefCell::new(HashMap::new());
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Relcache invalidation: forget the plans of the table (of every table when relid is 0).
-unsafe extern "C-unwind" fn forget_plans(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+pub fn forget_plans(relid: pg_sys::Oid) {
     // Plans are dropped after the borrow ends: freeing one must not find the map borrowed.
     let dropped: Vec<Rc<Plan>> = PLANS.with(|p| {
         let mut plans = p.borrow_mut();
@@ -257,11 +256,6 @@ unsafe extern "C-unwind" fn forget_plans(_arg: pg_sys::Datum, relid: pg_sys::Oid
 /// version column and the column sets. Any relcache invalidation of the table drops it, and
 /// with it the decision whether the table is plain enough for a direct write.
 fn cached_plan(table: pg_sys::Oid, signature: String, build: impl FnOnce() -> Result<Plan>) -> Result<Rc<Plan>> {
-    if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
-        // SAFETY: registered once per backend (CALLBACK_REGISTERED); forget_plans only clears
-        // a thread-local cache and never raises.
-        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_plans), pg_sys::Datum::from(0)) };
-    }
     let key = (table, signature);
     if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).cloned()) {
         return Ok(plan);
