@@ -38,6 +38,11 @@
 //!   message is read back and compared (so a role also needs SELECT on the columns compared).
 //!   Outbox steps, changes and grants come from a generator of their own (`add_sends` in
 //!   case.rs), so the cases without them are as they were before the outbox.
+//! - `idem_watermark_advance(stream, partition, pos)` is `UPDATE idempotency.watermarks SET
+//!   position = pos, advanced_at = now() WHERE stream = … AND partition = … AND position < pos
+//!   RETURNING true`, and when that returns no row, `INSERT … ON CONFLICT (stream, partition)
+//!   DO UPDATE … WHERE w.position < excluded.position RETURNING true`, else false. Its steps,
+//!   table changes and grants come from a generator of their own too (`add_watermarks`).
 //!
 //! A sequential step runs in its own transaction: `BEGIN`, the setting, `SET LOCAL ROLE
 //! diff_app` for steps of a role with only some column grants, `SAVEPOINT`, the call (rolled
