@@ -69,6 +69,9 @@ suite differential "differential tester (short)" \
 suite bench_smoke "make bench, short form (1 s rounds; figures not judged)" \
   env BENCH_SECONDS=1 BENCH_ROUNDS=1 PURGE_ROUNDS=1 BENCH_KEYS=2000 PURGE_KEYS=5000 PURGE_SECONDS=1 \
   DRAIN_MESSAGES=300 DRAIN_ROUNDS=1 STEADY_SECONDS=20 RELAY_PROFILE=debug bash bench/run.sh
+# make bench-scale's 1 M form: both key kinds, default checkpoints, one short window each.
+suite bench_scale_smoke "make bench-scale, 1 M keys (figures not judged)" \
+  env SCALE_SIZES=1000000 SCALE_SECONDS=2 SCALE_ROUNDS=1 SCALE_CHECKPOINTS=default bash bench/scale.sh
 suite dump_restore "pg_dump and restore keep every processed key" bash tests/dump_restore.sh
 suite upgrade "ALTER EXTENSION UPDATE from every release keeps every stored key" bash tests/upgrade.sh
 

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# `make bench-scale`: what a claim costs as the ledger grows (#13), beside the hand-written
+# table a user would keep instead (scope, key, claimed_at; primary key (scope, key)), holding
+# the same keys.
+#
+# For each size N and key kind, both tables are filled with N keys claimed at a constant rate
+# over the scope's whole retention (26 days), as a month of traffic leaves them; then rounds
+# of new claims alternate between the two, each window starting with a CHECKPOINT so that its
+# full-page images count. Then one day of keys expires, and the purge is timed against the
+# hand-written DELETE of the same rows. Reported per row: claims/s, WAL bytes and full-page
+# images per claim, bytes per key, and the purge's time and WAL.
+#
+#   SCALE_SIZES        retained keys per phase      (default "1000000 30000000 100000000")
+#   SCALE_KINDS        business ('payment|<n>', increasing) and/or uuid (random-looking)
+#   SCALE_CHECKPOINTS  default (max_wal_size 1GB) and/or tuned (32GB, checkpoint_timeout 30min)
+#   SCALE_SECONDS      seconds of each claims window (default 10)
+#   SCALE_ROUNDS       windows per contender        (default 3)
+#
+# Each phase drops the previous phase's rows first, and a size that the data directory's
+# free space cannot hold (about 500 bytes per key for both tables, their WAL and headroom)
+# is skipped with a note. Runs in the cluster the environment points at (PGHOST, PGPORT).
+set -euo pipefail
+SIZES=${SCALE_SIZES:-"1000000 30000000 100000000"}
+KINDS=${SCALE_KINDS:-"business uuid"}
+CHECKPOINTS=${SCALE_CHECKPOINTS:-"default tuned"}
+SECONDS_PER_WINDOW=${SCALE_SECONDS:-10}
+ROUNDS=${SCALE_ROUNDS:-3}
+DB=idem_scale
+WORK=$(mktemp -d /tmp/idem_scale.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+admin() { psql -X -q -v ON_ERROR_STOP=1 -d postgres "$@"; }
+q() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
+
+admin -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
+admin -c "ALTER DATABASE $DB SET synchronous_commit = off"
+q >/dev/null <<'SQL'
+CREATE EXTENSION idempotency;
+SELECT idem_declare_scope('scale', broker_retention => '25 days', buffer => '1 day');
+CREATE TABLE hand_ledger (
+    scope      text        NOT NULL,
+    key        text        NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (scope, key)
+);
+CREATE SEQUENCE next_key;
+SQL
+
+key_of() {  # key_of KIND EXPR: the SQL of key number EXPR
+  case $1 in
+    business) echo "'payment|' || ($2)" ;;
+    uuid) echo "md5(($2)::text)::uuid::text" ;;
+    *) echo "bench-scale: unknown key kind $1" >&2; exit 2 ;;
+  esac
+}
+
+checkpoints() {  # checkpoints default|tuned
+  case $1 in
+    default) q -c "ALTER SYSTEM RESET max_wal_size" -c "ALTER SYSTEM RESET checkpoint_timeout" ;;
+    tuned) q -c "ALTER SYSTEM SET max_wal_size = '32GB'" -c "ALTER SYSTEM SET checkpoint_timeout = '30min'" ;;
+    *) echo "bench-scale: unknown checkpoint setting $1" >&2; exit 2 ;;
+  esac
+  q -c "SELECT pg_reload_conf()" >/dev/null
+}
+
+# The LSN and the full-page images written so far (pg_stat_wal, flushed by every backend
+# at exit; a second's wait lets pgbench's backends get there).
+wal_now() { sleep 1; q -F ' ' -c "SELECT pg_current_wal_lsn(), wal_fpi FROM pg_stat_wal"; }
+wal_since() {  # wal_since "LSN FPI": bytes and full-page images since then
+  local lsn=${1% *} fpi=${1#* }
+  q -F ' ' -c "SELECT pg_current_wal_lsn() - '$lsn'::pg_lsn, wal_fpi - $fpi FROM pg_stat_wal"
+}
+
+fill() {  # fill KIND N: both tables hold keys 1..N, claimed evenly over the last 26 days
+  local key
+  key=$(key_of "$1" g)
+  q -c "TRUNCATE idempotency.ledger, hand_ledger" -c "CHECKPOINT"
+  local from=1 chunk=5000000
+  while [ "$from" -le "$2" ]; do
+    local to=$((from + chunk - 1)); [ "$to" -le "$2" ] || to=$2
+    q -c "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at)
+          SELECT idem_digest($key, 'scale'), idem_scope_id('scale'), now() - interval '26 days' * ($2 - g) / $2
+          FROM generate_series($from, $to) AS g" \
+      -c "INSERT INTO hand_ledger (scope, key, claimed_at)
+          SELECT 'scale', $key, now() - interval '26 days' * ($2 - g) / $2 FROM generate_series($from, $to) AS g"
+    from=$((to + 1))
+  done
+  q -c "VACUUM ANALYZE idempotency.ledger, hand_ledger" -c "SELECT setval('next_key', $2)" >/dev/null
+}
+
+window() {  # window SCRIPT: one claims window; prints "tps wal_bytes_per_claim fpi_per_claim"
+  q -c "CHECKPOINT"
+  local before out n
+  before=$(wal_now)
+  out=$(pgbench -n -M prepared -c 2 -j 2 -T "$SECONDS_PER_WINDOW" -f "$1" "$DB" 2>&1)
+  n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
+  [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "bench-scale: pgbench failed: $out" >&2; exit 1; }
+  read -r bytes fpi <<<"$(sleep 1; wal_since "$before")"
+  awk -v n="$n" -v s="$SECONDS_PER_WINDOW" -v b="$bytes" -v f="$fpi" 'BEGIN { printf "%.0f %.0f %.4f\n", n / s, b / n, f / n }'
+}
+
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+
+purge_day() {  # purge_day: one day of keys expires; prints "ext_rows ext_s ext_wal hand_rows hand_s hand_wal"
+  q -c "SELECT idem_declare_scope('scale', broker_retention => '24 days', buffer => '1 day')" -c "CHECKPOINT" >/dev/null
+  local before t0 t1 rows ext hand
+  before=$(wal_now); t0=$(date +%s.%N)
+  rows=$(q -c "CALL idem_purge()")
+  t1=$(date +%s.%N)
+  read -r bytes _ <<<"$(wal_since "$before")"
+  ext="$rows $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') $bytes"
+  q -c "CHECKPOINT"
+  before=$(wal_now); t0=$(date +%s.%N)
+  rows=$(q -c "WITH gone AS (DELETE FROM hand_ledger WHERE claimed_at < now() - interval '25 days' RETURNING 1)
+               SELECT count(*) FROM gone")
+  t1=$(date +%s.%N)
+  read -r bytes _ <<<"$(wal_since "$before")"
+  hand="$rows $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') $bytes"
+  q -c "SELECT idem_declare_scope('scale', broker_retention => '25 days', buffer => '1 day')" >/dev/null
+  echo "$ext $hand"
+}
+
+data_dir=$(q -c "SHOW data_directory")
+echo "== bench-scale: $(q -c 'SHOW server_version'), shared_buffers $(q -c 'SHOW shared_buffers'), synchronous_commit off, $SECONDS_PER_WINDOW s windows x $ROUNDS rounds, 2 clients"
+RESULTS=$WORK/results
+for setting in $CHECKPOINTS; do
+  checkpoints "$setting"
+  for n in $SIZES; do
+    for kind in $KINDS; do
+      # The data directory may not be readable as root's neighbour; df on its parent is.
+      free=$(df --output=avail -B1 "$(dirname "$data_dir")" 2>/dev/null | tail -1 || echo 0)
+      if [ "$free" -lt $((n * 500)) ]; then
+        echo "$setting $n $kind: skipped, $((free / 1000000)) MB free for about $((n * 500 / 1000000)) MB"
+        continue
+      fi
+      key=$(key_of "$kind" "nextval('next_key')")
+      echo "SELECT idem_claim($key, 'scale');" >"$WORK/ext.sql"
+      echo "INSERT INTO hand_ledger (scope, key) VALUES ('scale', $key) ON CONFLICT DO NOTHING;" >"$WORK/hand.sql"
+      t0=$(date +%s)
+      fill "$kind" "$n"
+      ext_bytes=$(q -c "SELECT pg_total_relation_size('idempotency.ledger') / $n::float8")
+      hand_bytes=$(q -c "SELECT pg_total_relation_size('hand_ledger') / $n::float8")
+      declare -A tps=() wal=() fpi=()
+      for ((r = 1; r <= ROUNDS; r++)); do
+        for who in ext hand; do
+          read -r t w f <<<"$(window "$WORK/$who.sql")"
+          tps[$who]+=" $t" wal[$who]+=" $w" fpi[$who]+=" $f"
+        done
+      done
+      read -r er es ew hr hs hw <<<"$(purge_day)"
+      # What the figures stand on: the purge took the day the DELETE took (their cutoffs are
+      # seconds apart), the newest key is still a duplicate, the oldest is claimable again.
+      if [ $((er > hr ? er - hr : hr - er)) -gt $((2 + n / 200000)) ] ||
+         [ "$(q -c "SELECT idem_claim($(key_of "$kind" "$n"), 'scale')")" != f ] ||
+         [ "$(q -c "SELECT idem_claim($(key_of "$kind" 1), 'scale')")" != t ]; then
+        echo "bench-scale: $setting $n $kind: the purge deleted $er claims where the DELETE took $hr, or kept the wrong ones" >&2
+        exit 1
+      fi
+      line=$(awk -v s="$setting" -v n="$n" -v k="$kind" \
+        -v et="$(median <<<"${tps[ext]}")" -v ht="$(median <<<"${tps[hand]}")" \
+        -v ew="$(median <<<"${wal[ext]}")" -v hw="$(median <<<"${wal[hand]}")" \
+        -v ef="$(median <<<"${fpi[ext]}")" -v hf="$(median <<<"${fpi[hand]}")" \
+        -v eb="$ext_bytes" -v hb="$hand_bytes" -v er="$er" -v es="$es" -v pw="$ew" -v hr="$hr" -v hs="$hs" -v dw="$hw" \
+        'BEGIN { printf "| %s | %d | %s | %.0f | %.0f | %.2f | %.0f / %.0f | %.3f / %.3f | %.0f / %.0f | %d in %.2f s, %.0f kB | %d in %.2f s, %.0f kB | %.3f |\n",
+                 s, n, k, et, ht, et / ht, ew, hw, ef, hf, eb, hb, er, es, pw / 1e3, hr, hs, dw / 1e3, (dw > 0 ? pw / dw : 0) }')
+      echo "$line" | tee -a "$RESULTS"
+      echo "   ($(($(date +%s) - t0)) s; claims/s per round: ext${tps[ext]}, hand${tps[hand]})"
+      unset tps wal fpi
+    done
+  done
+done
+checkpoints default
+q -c "TRUNCATE idempotency.ledger, hand_ledger"
+
+echo
+echo "== summary =="
+echo "| checkpoints | keys retained | keys | idem_claim/s | hand/s | ratio | WAL B/claim ext / hand | FPI/claim ext / hand | bytes/key ext / hand | purge of one day (idem_purge) | DELETE of the same day | purge WAL / DELETE WAL |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+cat "$RESULTS" 2>/dev/null || true
