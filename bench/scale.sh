@@ -16,10 +16,15 @@
 #   SCALE_SECONDS      seconds of each claims window (default 10)
 #   SCALE_ROUNDS       windows per contender        (default 3)
 #
-# Each phase drops the previous phase's rows first, and a size that the data directory's
-# free space cannot hold (about 500 bytes per key for both tables, their WAL and headroom)
-# is skipped with a note. Runs in the cluster the environment points at (PGHOST, PGPORT).
+# Each size and kind is filled once (with checkpoints spread out, as the fill is not
+# measured), after the previous phase's rows are gone; a size that the data directory's free
+# space cannot hold (about 300 bytes per key for both tables, and max_wal_size for pg_wal) is
+# skipped with a note. Each checkpoint setting then measures its windows and purges a day of
+# its own. At 1 M keys a 10 s window writes too little WAL for either setting to checkpoint
+# inside it, so the two agree; they part where full-page images fill max_wal_size within
+# seconds. Runs in the cluster the environment points at (PGHOST, PGPORT), as a superuser.
 set -euo pipefail
+shopt -s inherit_errexit
 SIZES=${SCALE_SIZES:-"1000000 30000000 100000000"}
 KINDS=${SCALE_KINDS:-"business uuid"}
 CHECKPOINTS=${SCALE_CHECKPOINTS:-"default tuned"}
@@ -27,7 +32,7 @@ SECONDS_PER_WINDOW=${SCALE_SECONDS:-10}
 ROUNDS=${SCALE_ROUNDS:-3}
 DB=idem_scale
 WORK=$(mktemp -d /tmp/idem_scale.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+trap 'checkpoints default >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 
 admin() { psql -X -q -v ON_ERROR_STOP=1 -d postgres "$@"; }
 q() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
@@ -48,7 +53,8 @@ SQL
 
 key_of() {  # key_of KIND EXPR: the SQL of key number EXPR
   case $1 in
-    business) echo "'payment|' || ($2)" ;;
+    # Zero-padded, so that they increase as text too: each new key lands on the rightmost leaf.
+    business) echo "'payment|' || lpad(($2)::text, 12, '0')" ;;
     uuid) echo "md5(($2)::text)::uuid::text" ;;
     *) echo "bench-scale: unknown key kind $1" >&2; exit 2 ;;
   esac
@@ -65,94 +71,109 @@ checkpoints() {  # checkpoints default|tuned
 
 # The LSN and the full-page images written so far (pg_stat_wal, flushed by every backend
 # at exit; a second's wait lets pgbench's backends get there).
-wal_now() { sleep 1; q -F ' ' -c "SELECT pg_current_wal_lsn(), wal_fpi FROM pg_stat_wal"; }
+wal_now() { sleep 1; q -F ' ' -c "SELECT pg_current_wal_insert_lsn(), wal_fpi FROM pg_stat_wal"; }
 wal_since() {  # wal_since "LSN FPI": bytes and full-page images since then
   local lsn=${1% *} fpi=${1#* }
-  q -F ' ' -c "SELECT pg_current_wal_lsn() - '$lsn'::pg_lsn, wal_fpi - $fpi FROM pg_stat_wal"
+  q -F ' ' -c "SELECT pg_current_wal_insert_lsn() - '$lsn'::pg_lsn, wal_fpi - $fpi FROM pg_stat_wal"
 }
 
-fill() {  # fill KIND N: both tables hold keys 1..N, claimed evenly over the last 26 days
-  local key
+fill() {  # fill KIND N: both tables hold keys 1..N, claimed evenly over the 26 days before now
+  local key base
   key=$(key_of "$1" g)
-  q -c "TRUNCATE idempotency.ledger, hand_ledger" -c "CHECKPOINT"
+  checkpoints tuned
+  base=$(q -c "SELECT now()")
   local from=1 chunk=5000000
   while [ "$from" -le "$2" ]; do
     local to=$((from + chunk - 1)); [ "$to" -le "$2" ] || to=$2
     q -c "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at)
-          SELECT idem_digest($key, 'scale'), idem_scope_id('scale'), now() - interval '26 days' * ($2 - g) / $2
+          SELECT idem_digest($key, 'scale'), idem_scope_id('scale'), '$base'::timestamptz - interval '26 days' * ($2 - g) / $2
           FROM generate_series($from, $to) AS g" \
       -c "INSERT INTO hand_ledger (scope, key, claimed_at)
-          SELECT 'scale', $key, now() - interval '26 days' * ($2 - g) / $2 FROM generate_series($from, $to) AS g"
+          SELECT 'scale', $key, '$base'::timestamptz - interval '26 days' * ($2 - g) / $2 FROM generate_series($from, $to) AS g"
     from=$((to + 1))
   done
   q -c "VACUUM ANALYZE idempotency.ledger, hand_ledger" -c "SELECT setval('next_key', $2)" >/dev/null
 }
 
 window() {  # window SCRIPT: one claims window; prints "tps wal_bytes_per_claim fpi_per_claim"
-  q -c "CHECKPOINT"
+  # Autovacuum would put its WAL into whichever window it falls in.
+  q -c "VACUUM idempotency.ledger, hand_ledger" -c "CHECKPOINT"
   local before out n
   before=$(wal_now)
   out=$(pgbench -n -M prepared -c 2 -j 2 -T "$SECONDS_PER_WINDOW" -f "$1" "$DB" 2>&1)
   n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
   [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "bench-scale: pgbench failed: $out" >&2; exit 1; }
-  read -r bytes fpi <<<"$(sleep 1; wal_since "$before")"
+  local since
+  since=$(sleep 1; wal_since "$before")
+  read -r bytes fpi <<<"$since"
   awk -v n="$n" -v s="$SECONDS_PER_WINDOW" -v b="$bytes" -v f="$fpi" 'BEGIN { printf "%.0f %.0f %.4f\n", n / s, b / n, f / n }'
 }
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 
-purge_day() {  # purge_day: one day of keys expires; prints "ext_rows ext_s ext_wal hand_rows hand_s hand_wal"
-  q -c "SELECT idem_declare_scope('scale', broker_retention => '24 days', buffer => '1 day')" -c "CHECKPOINT" >/dev/null
-  local before t0 t1 rows ext hand
+purge_day() {  # purge_day DAYS: retention shrinks to DAYS days, so one more day expires;
+  # prints "ext_rows ext_s ext_wal hand_rows hand_s hand_wal". The DELETE takes the rows older
+  # than the oldest claim the purge kept: the same keys, whatever time each cutoff was read.
+  q -c "SELECT idem_declare_scope('scale', broker_retention => '$(($1 - 1)) days', buffer => '1 day')" \
+    -c "CHECKPOINT" >/dev/null
+  local before t0 t1 rows ext hand since cutoff
   before=$(wal_now); t0=$(date +%s.%N)
   rows=$(q -c "CALL idem_purge()")
   t1=$(date +%s.%N)
-  read -r bytes _ <<<"$(wal_since "$before")"
-  ext="$rows $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') $bytes"
+  since=$(sleep 1; wal_since "$before")
+  ext="$rows $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') ${since% *}"
+  cutoff=$(q -c "SELECT min(claimed_at) FROM idempotency.ledger")
   q -c "CHECKPOINT"
   before=$(wal_now); t0=$(date +%s.%N)
-  rows=$(q -c "WITH gone AS (DELETE FROM hand_ledger WHERE claimed_at < now() - interval '25 days' RETURNING 1)
-               SELECT count(*) FROM gone")
+  rows=$(q -c "WITH gone AS (DELETE FROM hand_ledger WHERE claimed_at < '$cutoff' RETURNING 1) SELECT count(*) FROM gone")
   t1=$(date +%s.%N)
-  read -r bytes _ <<<"$(wal_since "$before")"
-  hand="$rows $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') $bytes"
-  q -c "SELECT idem_declare_scope('scale', broker_retention => '25 days', buffer => '1 day')" >/dev/null
+  since=$(sleep 1; wal_since "$before")
+  hand="$rows $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') ${since% *}"
   echo "$ext $hand"
 }
 
 data_dir=$(q -c "SHOW data_directory")
 echo "== bench-scale: $(q -c 'SHOW server_version'), shared_buffers $(q -c 'SHOW shared_buffers'), synchronous_commit off, $SECONDS_PER_WINDOW s windows x $ROUNDS rounds, 2 clients"
 RESULTS=$WORK/results
-for setting in $CHECKPOINTS; do
-  checkpoints "$setting"
-  for n in $SIZES; do
-    for kind in $KINDS; do
-      # The data directory may not be readable as root's neighbour; df on its parent is.
-      free=$(df --output=avail -B1 "$(dirname "$data_dir")" 2>/dev/null | tail -1 || echo 0)
-      if [ "$free" -lt $((n * 500)) ]; then
-        echo "$setting $n $kind: skipped, $((free / 1000000)) MB free for about $((n * 500 / 1000000)) MB"
-        continue
-      fi
-      key=$(key_of "$kind" "nextval('next_key')")
-      echo "SELECT idem_claim($key, 'scale');" >"$WORK/ext.sql"
-      echo "INSERT INTO hand_ledger (scope, key) VALUES ('scale', $key) ON CONFLICT DO NOTHING;" >"$WORK/hand.sql"
-      t0=$(date +%s)
-      fill "$kind" "$n"
-      ext_bytes=$(q -c "SELECT pg_total_relation_size('idempotency.ledger') / $n::float8")
-      hand_bytes=$(q -c "SELECT pg_total_relation_size('hand_ledger') / $n::float8")
+for n in $SIZES; do
+  for kind in $KINDS; do
+    q -c "TRUNCATE idempotency.ledger, hand_ledger" -c "CHECKPOINT"
+    free=$(df --output=avail -B1 "$data_dir" | tail -1)
+    # pg_wal grows towards max_wal_size (32GB when tuned) when the claims write enough.
+    wal_room=$((n * 1000)); [ "$wal_room" -lt $((34 * 1024 * 1024 * 1024)) ] || wal_room=$((34 * 1024 * 1024 * 1024))
+    need=$((n * 300 + wal_room))
+    if [ "$free" -lt "$need" ]; then
+      echo "$n $kind: skipped, $((free / 1000000)) MB free for about $((need / 1000000)) MB"
+      continue
+    fi
+    key=$(key_of "$kind" "nextval('next_key')")
+    echo "SELECT idem_claim($key, 'scale');" >"$WORK/ext.sql"
+    echo "INSERT INTO hand_ledger (scope, key) VALUES ('scale', $key) ON CONFLICT DO NOTHING;" >"$WORK/hand.sql"
+    t0=$(date +%s)
+    fill "$kind" "$n"
+    echo "   ($n $kind: filled in $(($(date +%s) - t0)) s)"
+    ext_bytes=$(q -c "SELECT pg_total_relation_size('idempotency.ledger') / $n::float8")
+    hand_bytes=$(q -c "SELECT pg_total_relation_size('hand_ledger') / $n::float8")
+    days=26
+    for setting in $CHECKPOINTS; do
+      checkpoints "$setting"
       declare -A tps=() wal=() fpi=()
       for ((r = 1; r <= ROUNDS; r++)); do
         for who in ext hand; do
-          read -r t w f <<<"$(window "$WORK/$who.sql")"
+          result=$(window "$WORK/$who.sql")
+          read -r t w f <<<"$result"
           tps[$who]+=" $t" wal[$who]+=" $w" fpi[$who]+=" $f"
         done
       done
-      read -r er es ew hr hs hw <<<"$(purge_day)"
-      # What the figures stand on: the purge took the day the DELETE took (their cutoffs are
-      # seconds apart), the newest key is still a duplicate, the oldest is claimable again.
-      if [ $((er > hr ? er - hr : hr - er)) -gt $((2 + n / 200000)) ] ||
+      days=$((days - 1))
+      result=$(purge_day "$days")
+      read -r er es ew hr hs hw <<<"$result"
+      # What the figures stand on: the purge took exactly the day the DELETE took, the newest
+      # key is still a duplicate, a key from the middle of the day purged is claimable again.
+      day=$((26 - days))
+      if [ "$er" != "$hr" ] || [ "$er" -lt 1 ] ||
          [ "$(q -c "SELECT idem_claim($(key_of "$kind" "$n"), 'scale')")" != f ] ||
-         [ "$(q -c "SELECT idem_claim($(key_of "$kind" 1), 'scale')")" != t ]; then
+         [ "$(q -c "SELECT idem_claim($(key_of "$kind" $(((2 * day - 1) * n / 52))), 'scale')")" != t ]; then
         echo "bench-scale: $setting $n $kind: the purge deleted $er claims where the DELETE took $hr, or kept the wrong ones" >&2
         exit 1
       fi
@@ -164,7 +185,7 @@ for setting in $CHECKPOINTS; do
         'BEGIN { printf "| %s | %d | %s | %.0f | %.0f | %.2f | %.0f / %.0f | %.3f / %.3f | %.0f / %.0f | %d in %.2f s, %.0f kB | %d in %.2f s, %.0f kB | %.3f |\n",
                  s, n, k, et, ht, et / ht, ew, hw, ef, hf, eb, hb, er, es, pw / 1e3, hr, hs, dw / 1e3, (dw > 0 ? pw / dw : 0) }')
       echo "$line" | tee -a "$RESULTS"
-      echo "   ($(($(date +%s) - t0)) s; claims/s per round: ext${tps[ext]}, hand${tps[hand]})"
+      echo "   (claims/s per round: ext${tps[ext]}, hand${tps[hand]})"
       unset tps wal fpi
     done
   done
