@@ -57,7 +57,7 @@ drain() {  # drain ext|hand RELAYS KEYS: prints messages per second
   PIDS=()
   awk -v n="$DRAIN_MESSAGES" -v s="$start" -v e="$end" 'BEGIN { printf "%.0f", n / (e - s) }'
 }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END { if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2] + v[NR/2+1]) / 2 }'; }
+source "$HERE/stats.sh"
 
 echo "-- drain to RabbitMQ: $DRAIN_MESSAGES messages over $DRAIN_KEYS ordering keys, batches of $BATCH, publisher confirms, $DRAIN_ROUNDS alternating rounds --"
 for keys in $DRAIN_KEYS; do

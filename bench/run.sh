@@ -196,9 +196,7 @@ run_pgbench() {  # run_pgbench SCRIPT
   echo "$tps"
 }
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {
-  if (NR == 0) { print 0; exit }
-  if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2] + v[NR/2+1]) / 2 }'; }
+source "$HERE/stats.sh"
 
 ratio() { awk -v a="$1" -v b="$2" -v m="${3:-1}" 'BEGIN { printf "%.3f", a * m / b }'; }
 

@@ -109,27 +109,26 @@ window() {  # window SCRIPT: one claims window; prints "tps wal_bytes_per_claim 
   awk -v n="$n" -v s="$SECONDS_PER_WINDOW" -v b="$bytes" -v f="$fpi" 'BEGIN { printf "%.0f %.0f %.4f\n", n / s, b / n, f / n }'
 }
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+source "$(dirname "${BASH_SOURCE[0]}")/stats.sh"
+
+measured() {  # measured SQL: SQL after a CHECKPOINT; prints "its value, seconds, WAL bytes"
+  q -c "CHECKPOINT"
+  local before t0 t1 value since
+  before=$(wal_now); t0=$(date +%s.%N)
+  value=$(q -c "$1")
+  t1=$(date +%s.%N)
+  since=$(sleep 1; wal_since "$before")
+  echo "$value $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') ${since% *}"
+}
 
 purge_day() {  # purge_day DAYS: retention shrinks to DAYS days, so one more day expires;
   # prints "ext_rows ext_s ext_wal hand_rows hand_s hand_wal". The DELETE takes the rows older
   # than the oldest claim the purge kept: the same keys, whatever time each cutoff was read.
-  q -c "SELECT idem_declare_scope('scale', broker_retention => '$(($1 - 1)) days', buffer => '1 day')" \
-    -c "CHECKPOINT" >/dev/null
-  local before t0 t1 rows ext hand since cutoff
-  before=$(wal_now); t0=$(date +%s.%N)
-  rows=$(q -c "CALL idem_purge()")
-  t1=$(date +%s.%N)
-  since=$(sleep 1; wal_since "$before")
-  ext="$rows $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') ${since% *}"
+  q -c "SELECT idem_declare_scope('scale', broker_retention => '$(($1 - 1)) days', buffer => '1 day')" >/dev/null
+  local ext cutoff
+  ext=$(measured "CALL idem_purge()")
   cutoff=$(q -c "SELECT min(claimed_at) FROM idempotency.ledger")
-  q -c "CHECKPOINT"
-  before=$(wal_now); t0=$(date +%s.%N)
-  rows=$(q -c "WITH gone AS (DELETE FROM hand_ledger WHERE claimed_at < '$cutoff' RETURNING 1) SELECT count(*) FROM gone")
-  t1=$(date +%s.%N)
-  since=$(sleep 1; wal_since "$before")
-  hand="$rows $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') ${since% *}"
-  echo "$ext $hand"
+  echo "$ext $(measured "WITH gone AS (DELETE FROM hand_ledger WHERE claimed_at < '$cutoff' RETURNING 1) SELECT count(*) FROM gone")"
 }
 
 data_dir=$(q -c "SHOW data_directory")
