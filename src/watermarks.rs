@@ -27,8 +27,8 @@ use std::rc::Rc;
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::spi::Statement;
 use crate::postgres::write::{
-    attnum, attributes, is_plain, open_owned, unique_index, update_where, ColumnDefault, KeyLookup, OwnedContext,
-    Permissions, Shape,
+    attnum, attributes, equality, is_plain, open_owned, unique_index, update_where, ColumnDefault, KeyLookup,
+    OwnedContext, Permissions, Shape,
 };
 use crate::postgres::{catch, ffi};
 
@@ -69,7 +69,7 @@ static WATERMARKS_SHAPE: Shape = Shape {
 struct DirectMove {
     _context: OwnedContext,
     index: pg_sys::Oid,
-    /// The stream's and the partition's, in the index's column order.
+    /// The stream's, then the partition's.
     keys: [KeyLookup; 2],
     order: *mut pg_sys::FmgrInfo,
     permissions: Permissions,
@@ -128,12 +128,20 @@ impl DirectMove {
         let (index, positions) = unique_index(rel, &key)?;
         let owned = OwnedContext::new(c"idempotency watermarks");
         let attrs = attributes(rel);
-        let mut lookups = key
-            .iter()
-            .zip(&positions)
-            .map(|(&attnum, &position)| index.lookup(&attrs[attnum as usize - 1], position, owned.0))
-            .collect::<Option<Vec<_>>>()?;
-        lookups.sort_by_key(|k| k.index_column);
+        let mut lookups = Vec::with_capacity(2);
+        for (&attnum, &position) in key.iter().zip(&positions) {
+            let attr = &attrs[attnum as usize - 1];
+            // The statement compares with the column's collation; the index may sort by another.
+            if index.collations[position] != attr.attcollation {
+                return None;
+            }
+            lookups.push(KeyLookup {
+                index_column: position as i16 + 1,
+                attnum,
+                equal: equality(attr.atttypid, index.opfamilies[position], index.input_types[position], owned.0)?,
+                collation: index.collations[position],
+            });
+        }
         let numeric = pg_sys::lookup_type_cache(pg_sys::NUMERICOID, pg_sys::TYPECACHE_CMP_PROC_FINFO as i32);
         let permissions = Permissions::new(
             (*rel).rd_id,
@@ -161,7 +169,8 @@ impl DirectMove {
         let partition = partition.into_datum().expect("a text is a datum");
         let pos = pos.clone().into_datum().expect("a numeric is a datum");
         let now = pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp());
-        let keys = self.keys.each_ref().map(|k| (k, if k.attnum == attnum(STREAM) { stream } else { partition }));
+        let mut keys = [(&self.keys[0], stream), (&self.keys[1], partition)];
+        keys.sort_by_key(|(lookup, _)| lookup.index_column);
         let changes = [(attnum(POSITION), pos, false), (attnum(ADVANCED_AT), now, false)];
         Ok(update_where(rel, self.index, &keys, &self.permissions, &changes, |row| {
             // A NULL (were NOT NULL dropped) is never `< $3`.

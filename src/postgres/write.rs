@@ -316,30 +316,6 @@ pub struct UniqueIndex {
     pub collations: Vec<pg_sys::Oid>,
 }
 
-impl UniqueIndex {
-    /// How the column `attr`, at `position` in this index, is looked up as the statement
-    /// compares it; None where the index sorts it by another collation or another `=`.
-    ///
-    /// # Safety
-    /// `attr` must be a column of the indexed table; `context` must outlive the lookup.
-    pub unsafe fn lookup(
-        &self,
-        attr: &pg_sys::FormData_pg_attribute,
-        position: usize,
-        context: pg_sys::MemoryContext,
-    ) -> Option<KeyLookup> {
-        if self.collations[position] != attr.attcollation {
-            return None;
-        }
-        Some(KeyLookup {
-            index_column: position as i16 + 1,
-            attnum: attr.attnum,
-            equal: equality(attr.atttypid, self.opfamilies[position], self.input_types[position], context)?,
-            collation: self.collations[position],
-        })
-    }
-}
-
 /// The first such unique index of `rel` on exactly the columns `attnums`, and where each of
 /// them sits in it.
 ///
@@ -424,7 +400,7 @@ impl Drop for OwnedContext {
 ///
 /// # Safety
 /// `context` must outlive the result's use.
-unsafe fn equality(
+pub unsafe fn equality(
     type_oid: pg_sys::Oid,
     opfamily: pg_sys::Oid,
     input_type: pg_sys::Oid,

@@ -16,7 +16,7 @@ use pgrx::pg_sys;
 
 use crate::jsonb::{integer, Member};
 use crate::postgres::write::{
-    attributes, is_plain, unique_index, update_where, FoundRow, KeyLookup, OwnedContext, Permissions,
+    attributes, equality, is_plain, unique_index, update_where, FoundRow, KeyLookup, OwnedContext, Permissions,
 };
 use crate::postgres::{catch, ffi, PgError};
 
@@ -159,10 +159,19 @@ impl DirectUpdate {
         let (index, positions) = unique_index(rel, &attnums)?;
         let mut keys = Vec::with_capacity(key.len());
         for (member, (attr, &position)) in key_attrs.iter().zip(&positions).enumerate() {
+            // The statement compares with the column's collation; the index may sort by another.
+            if index.collations[position] != attr.attcollation {
+                return None;
+            }
             keys.push(KeyColumn {
-                lookup: index.lookup(attr, position, context)?,
                 column: Column { attnum: attr.attnum, input: input(attr, -1, context)? },
                 member,
+                lookup: KeyLookup {
+                    index_column: position as i16 + 1,
+                    attnum: attr.attnum,
+                    equal: equality(attr.atttypid, index.opfamilies[position], index.input_types[position], context)?,
+                    collation: index.collations[position],
+                },
             });
         }
         keys.sort_by_key(|k| k.lookup.index_column);
