@@ -69,14 +69,15 @@ demo: install
 # Clippy and rustfmt (rustfmt.toml: the code's 120 columns) must stay silent on every crate
 # of the workspace and on the extension built for 18, whose code src/postgres/version.rs
 # switches; no released SQL script may change (RELEASES, sql/released/). pgrx-pg-sys needs
-# pg_config to generate its bindings, hence deps and pg18. README's SQLSTATE table must agree
-# with the raise sites (no server needed).
+# pg_config to generate its bindings, hence deps and pg18. Two checks that need no server:
+# README's SQLSTATE table against the raise sites, and the leak sentinel against sample logs.
 lint: deps pg18
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p idempotency --no-default-features --features pg18 --all-targets -- -D warnings
 	bash tools/check-released.sh
 	env PG_CONFIG=$(PG_CONFIG) bash tests/sqlstate_table.sh
+	bash tests/leak_sentinel_test.sh
 
 # --- tests -----------------------------------------------------------------------------
 # pgrx-test installs its own debug build system-wide, so it runs first and `regress`
