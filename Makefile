@@ -98,7 +98,8 @@ pgrx-test: deps
 # with TRAP on misuse of buffer, snapshot and executor APIs that a release build forgives.
 # tests/own-server.sh builds that server once per machine (tools/pg-build.sh, about six
 # minutes on two cores), installs the extension there with its own pgrx configuration and
-# target directory, and fails on any TRAP in the server log. pg_cron is not built for it.
+# target directory, and fails on any TRAP, crashed process or leak warning in the server log
+# (tests/leak_sentinel.sh, which reads regress's server log too). pg_cron is not built for it.
 # CASSERT_MAJOR=18 does the same on 18 (tools/pg-build.sh 18-cassert).
 test-cassert: deps
 	env REGRESS_TESTS="$(REGRESS_TESTS)" ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/own-server.sh $(CASSERT_MAJOR)-cassert

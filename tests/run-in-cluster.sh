@@ -2,12 +2,18 @@
 # Runs every test that needs a server, inside the throwaway cluster that `make test` opens
 # with pg_virtualenv (PGHOST, PGPORT, PGUSER and PGPASSWORD point at it).
 # PGXS_TEST: PostgreSQL's pgxs test directory; REGRESS_TESTS and ISOLATION_TESTS: test names.
-# tests/own-server.sh runs the same suites against a self-built server, with three switches:
+# tests/own-server.sh runs the same suites against a self-built server, with four switches:
 # SKIP_SUITES: names of suites to leave out (a build without pg_cron), SKIP_WHY: why;
-# RESULTS_DIR: where pg_regress writes its output (default target/).
+# RESULTS_DIR: where pg_regress writes its output (default target/); SERVER_LOG: the server
+# log the last suite reads for leaks and crashes, by default that of pg_virtualenv's cluster,
+# empty where the caller reads its own (own-server.sh does, also after a failed suite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RESULTS_DIR=${RESULTS_DIR:-target}
+if [ -z "${SERVER_LOG+set}" ]; then
+  SERVER_LOG=$(pg_lsclusters --no-header "${PGVERSION:?not in pg_virtualenv: set SERVER_LOG}" regress |
+    awk '{print $7}')
+fi
 passed=0 skipped=""
 
 show_diffs() { cat "$1/regression.diffs" 2>/dev/null | head -300; exit 1; }
@@ -96,6 +102,14 @@ suite external_calls "external calls: a consumer killed after its call never cal
   bash -c 'source tests/python-venv.sh && "$venv/bin/python" tests/external_calls.py'
 suite readme_snippets "README's language snippets: equal to examples/, whose consumers survive SIGKILL (RabbitMQ)" \
   bash tests/readme_snippets.sh
+# Last, so that it reads what every suite above made the server log. pg_virtualenv deletes the
+# log with its cluster: the copy in $RESULTS_DIR stays for a look afterwards.
+server_log() {
+  cp "$SERVER_LOG" "$RESULTS_DIR/server.log"
+  bash tests/leak_sentinel.sh "$RESULTS_DIR/server.log" "$PGVERSION"
+}
+[ -z "$SERVER_LOG" ] ||
+  suite leak_sentinel "server log: no leaked resource, failed assertion or crashed process" server_log
 
 # Every suite above stops the script on its first failure, so reaching here means all passed.
 echo "suites: $passed passed, 0 failed${skipped:+ (skipped:$skipped)}"
