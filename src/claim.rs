@@ -321,7 +321,7 @@ fn idem_claim(
 ) -> Option<bool> {
     finish(claim(Delivery { key, scope, payload, sent_at }, Wait::Block, false).map(|c| c.claimed))
 }
-sqlstate_entry!(idem_claim_entry, pg_finfo_idem_claim_entry, idem_claim_wrapper);
+sqlstate_entry!(idem_claim_entry, pg_finfo_idem_claim_entry, idem_claim_wrapper, jsonb = [(2, "payload")]);
 
 #[pg_extern(sql = false)]
 fn idem_claim_nowait(
@@ -332,7 +332,12 @@ fn idem_claim_nowait(
 ) -> Option<bool> {
     finish(claim(Delivery { key, scope, payload, sent_at }, Wait::NoWait, false).map(|c| c.claimed))
 }
-sqlstate_entry!(idem_claim_nowait_entry, pg_finfo_idem_claim_nowait_entry, idem_claim_nowait_wrapper);
+sqlstate_entry!(
+    idem_claim_nowait_entry,
+    pg_finfo_idem_claim_nowait_entry,
+    idem_claim_nowait_wrapper,
+    jsonb = [(2, "payload")]
+);
 
 #[pg_extern(sql = false)]
 fn idem_claim_replay(
@@ -352,13 +357,23 @@ fn idem_claim_replay(
         .map(|c| (Some(c.claimed), c.claimed_at, c.result));
     TableIterator::new(row)
 }
-sqlstate_entry!(idem_claim_replay_entry, pg_finfo_idem_claim_replay_entry, idem_claim_replay_wrapper);
+sqlstate_entry!(
+    idem_claim_replay_entry,
+    pg_finfo_idem_claim_replay_entry,
+    idem_claim_replay_wrapper,
+    jsonb = [(2, "payload")]
+);
 
 #[pg_extern(sql = false)]
 fn idem_set_result(key: Option<&str>, result: Option<JsonB>, scope: Option<&str>) {
     finish(store_result(key, result, scope));
 }
-sqlstate_entry!(idem_set_result_entry, pg_finfo_idem_set_result_entry, idem_set_result_wrapper);
+sqlstate_entry!(
+    idem_set_result_entry,
+    pg_finfo_idem_set_result_entry,
+    idem_set_result_wrapper,
+    jsonb = [(1, "result")]
+);
 
 #[pg_extern(sql = false)]
 fn idem_claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Option<Vec<bool>> {
@@ -382,4 +397,9 @@ sqlstate_entry!(idem_scope_id_entry, pg_finfo_idem_scope_id_entry, idem_scope_id
 fn idem_fingerprint(payload: Option<JsonB>) -> Option<Uuid> {
     finish(required(payload, "payload").map(|p| fingerprint(&p.0)))
 }
-sqlstate_entry!(idem_fingerprint_entry, pg_finfo_idem_fingerprint_entry, idem_fingerprint_wrapper);
+sqlstate_entry!(
+    idem_fingerprint_entry,
+    pg_finfo_idem_fingerprint_entry,
+    idem_fingerprint_wrapper,
+    jsonb = [(0, "payload")]
+);

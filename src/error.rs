@@ -12,7 +12,7 @@ use pgrx::pg_sys;
 
 use crate::postgres::PgError;
 
-/// The SQLSTATEs this extension raises. The README's error table is generated from the same list.
+/// The SQLSTATEs this extension raises; tests/sqlstate_table.sh checks that README.md's error table lists each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SqlState {
     /// 22004: a required argument was NULL.
@@ -40,6 +40,10 @@ pub enum SqlState {
     ActiveTransaction,
     /// 55000: resolving an external call that is already confirmed.
     ObjectNotInPrerequisiteState,
+    /// 0A000: the database's encoding is not UTF8.
+    FeatureNotSupported,
+    /// 54001: a jsonb argument nests deeper than the extension reads.
+    StatementTooComplex,
     /// ID001: the key was claimed before with a different payload, or a message id was sent
     /// before with another message.
     PayloadMismatch,
@@ -69,6 +73,8 @@ impl SqlState {
             SqlState::WrongObjectType => b"42809",
             SqlState::UndefinedTable => b"42P01",
             SqlState::DatatypeMismatch => b"42804",
+            SqlState::FeatureNotSupported => b"0A000",
+            SqlState::StatementTooComplex => b"54001",
             SqlState::PayloadMismatch => b"ID001",
             SqlState::KeyMissingFromPayload => b"ID002",
             SqlState::NotClaimed => b"ID003",
@@ -199,6 +205,40 @@ pub unsafe fn raise(error: IdemError) -> ! {
     }
 }
 
+/// How deep a jsonb argument may nest: pgrx reads jsonb arguments through serde_json, whose
+/// recursion limit refuses 128 levels with an error that would reach the caller as XX000.
+pub const JSONB_DEPTH_LIMIT: usize = 127;
+
+/// What every call checks before pgrx converts its arguments, where a failure would be a
+/// panic (XX000) or worse:
+/// - the database is UTF8: keys, scopes and payloads are digested as UTF-8 text, pgrx takes
+///   text as Rust strings, and array elements unchecked, so other encodings' bytes would be
+///   read as invalid strings (a backend crashed on `idem_key` in a SQL_ASCII database);
+/// - no jsonb argument in `jsonb` nests deeper than [`JSONB_DEPTH_LIMIT`].
+///
+/// # Safety
+/// `fcinfo` is the call's, and `jsonb` names arguments the SQL declaration types jsonb.
+pub unsafe fn check_arguments(fcinfo: pg_sys::FunctionCallInfo, jsonb: &[(usize, &str)]) {
+    if pg_sys::GetDatabaseEncoding() != pg_sys::pg_enc::PG_UTF8 as c_int {
+        let encoding = std::ffi::CStr::from_ptr(pg_sys::GetDatabaseEncodingName()).to_string_lossy().into_owned();
+        raise(
+            IdemError::new(SqlState::FeatureNotSupported, format!("idempotency needs a UTF8 database, and this one is {encoding}"))
+                .detail("Keys, scopes and payloads are digested as UTF-8 text, so that a key means the same in every database and after every restore.")
+                .hint("Keep the ledger in a database created with ENCODING 'UTF8' (TEMPLATE template0)."),
+        );
+    }
+    let args = (*fcinfo).args.as_slice((*fcinfo).nargs as usize);
+    for &(index, name) in jsonb {
+        let Some(arg) = args.get(index).filter(|a| !a.isnull) else { continue };
+        if crate::jsonb::nests_deeper_than(arg.value, JSONB_DEPTH_LIMIT) {
+            raise(
+                IdemError::new(SqlState::StatementTooComplex, format!("{name} nests more than {JSONB_DEPTH_LIMIT} levels deep"))
+                    .hint(format!("Payloads, results and responses are read as JSON values, to at most {JSONB_DEPTH_LIMIT} levels of arrays and objects.")),
+            );
+        }
+    }
+}
+
 /// Reports one of the extension's errors as a WARNING with its own SQLSTATE; a warning
 /// returns, so it is safe anywhere.
 pub fn warn(warning: IdemError) {
@@ -249,13 +289,19 @@ fn palloc_cstr(text: Option<String>) -> *mut c_char {
 /// Declares the C entry point that SQL calls for a `#[pg_extern(sql = false)]` function: it
 /// runs pgrx's wrapper (argument conversion, panic and error guard) and then raises a stashed
 /// error with its own SQLSTATE.
+/// `jsonb = [(N, "name"), …]` lists the function's jsonb arguments (0-based), which are
+/// checked before pgrx converts them (see [`check_arguments`]).
 macro_rules! sqlstate_entry {
     ($entry:ident, $finfo:ident, $wrapper:path) => {
+        $crate::error::sqlstate_entry!($entry, $finfo, $wrapper, jsonb = []);
+    };
+    ($entry:ident, $finfo:ident, $wrapper:path, jsonb = [$(($arg:literal, $name:literal)),*]) => {
         $crate::error::v1_finfo!($finfo);
 
         #[no_mangle]
         #[doc(hidden)]
         pub unsafe extern "C-unwind" fn $entry(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
+            $crate::error::check_arguments(fcinfo, &[$(($arg, $name)),*]);
             let datum = $wrapper(fcinfo);
             $crate::error::raise_pending();
             datum

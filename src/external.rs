@@ -268,7 +268,12 @@ fn idem_call_confirm(
 ) -> Option<bool> {
     finish(Call::parse(key, scope, step).and_then(|c| confirm(&c, response)))
 }
-sqlstate_entry!(idem_call_confirm_entry, pg_finfo_idem_call_confirm_entry, idem_call_confirm_wrapper);
+sqlstate_entry!(
+    idem_call_confirm_entry,
+    pg_finfo_idem_call_confirm_entry,
+    idem_call_confirm_wrapper,
+    jsonb = [(3, "response")]
+);
 
 #[pg_extern(sql = false)]
 fn idem_call_resolve(
@@ -280,4 +285,9 @@ fn idem_call_resolve(
 ) {
     finish(Call::parse(key, scope, step).and_then(|c| resolve(&c, happened, response)));
 }
-sqlstate_entry!(idem_call_resolve_entry, pg_finfo_idem_call_resolve_entry, idem_call_resolve_wrapper);
+sqlstate_entry!(
+    idem_call_resolve_entry,
+    pg_finfo_idem_call_resolve_entry,
+    idem_call_resolve_wrapper,
+    jsonb = [(4, "response")]
+);

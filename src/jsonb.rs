@@ -173,6 +173,36 @@ pub unsafe fn integer(numeric: pg_sys::Numeric) -> Option<i64> {
     i64::try_from(if negative { -magnitude } else { magnitude }).ok()
 }
 
+/// Whether the jsonb `datum` nests arrays and objects more than `limit` levels deep. A
+/// container takes at least a header and its parent's JEntry, 8 bytes, so a value smaller
+/// than that per level cannot, and is not walked.
+///
+/// # Safety
+/// `datum` must be a jsonb datum.
+pub unsafe fn nests_deeper_than(datum: pg_sys::Datum, limit: usize) -> bool {
+    let jsonb = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
+    if pgrx::varsize_any(jsonb.cast()) <= 8 * limit {
+        return false;
+    }
+    // JsonbIteratorNext keeps one frame per open container, not one per level of Rust stack.
+    let mut iterator = pg_sys::JsonbIteratorInit(&raw mut (*jsonb).root);
+    let mut value = pg_sys::JsonbValue::default();
+    let mut depth = 0;
+    loop {
+        match pg_sys::JsonbIteratorNext(&mut iterator, &mut value, false) {
+            pg_sys::JsonbIteratorToken::WJB_BEGIN_ARRAY | pg_sys::JsonbIteratorToken::WJB_BEGIN_OBJECT => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            pg_sys::JsonbIteratorToken::WJB_END_ARRAY | pg_sys::JsonbIteratorToken::WJB_END_OBJECT => depth -= 1,
+            pg_sys::JsonbIteratorToken::WJB_DONE => return false,
+            _ => {}
+        }
+    }
+}
+
 /// A jsonb datum parsed from text, living in the current memory context: for tests that read
 /// members the way the extension's functions read their arguments.
 #[cfg(any(test, feature = "pg_test"))]

@@ -530,12 +530,43 @@ SELECT h.* FROM (VALUES
 SELECT idem_claim('fresh-after-diagnostics', 'hostile') AS still_claims;
 COMMIT;
 
+-- Nesting ---------------------------------------------------------------------------------
+-- Payloads, results and responses are read as JSON values, which nest at most 127 levels:
+-- 127 is read, 128 and 10,000 are refused with 54001 before anything is written, and the
+-- depth of nested objects counts as much as that of arrays.
+CREATE FUNCTION hostile_nest(depth int) RETURNS jsonb LANGUAGE sql
+RETURN (repeat('[', depth - 1) || '{"a":1}' || repeat(']', depth - 1))::jsonb;
+BEGIN;
+SELECT h.* FROM (VALUES
+  ('idem_claim: payload 127 deep', $$SELECT idem_claim('n-1', 'hostile', hostile_nest(127))$$),
+  ('idem_claim: same payload 127 deep again', $$SELECT idem_claim('n-1', 'hostile', hostile_nest(127))$$),
+  ('idem_claim: payload 128 deep', $$SELECT idem_claim('n-2', 'hostile', hostile_nest(128))$$),
+  ('idem_claim: payload 128 deep in objects', $$SELECT idem_claim('n-2', 'hostile', (repeat('{"a":', 128) || '1' || repeat('}', 128))::jsonb)$$),
+  ('idem_claim: payload 10,000 deep', $$SELECT idem_claim('n-2', 'hostile', hostile_nest(10000))$$),
+  ('idem_claim_nowait: payload 128 deep', $$SELECT idem_claim_nowait('n-2', 'hostile', hostile_nest(128))$$),
+  ('idem_claim_replay: payload 128 deep', $$SELECT claimed FROM idem_claim_replay('n-2', 'hostile', hostile_nest(128))$$),
+  ('idem_fingerprint: 127 deep', $$SELECT idem_fingerprint(hostile_nest(127)) = idem_fingerprint(hostile_nest(127))$$),
+  ('idem_fingerprint: 128 deep', $$SELECT idem_fingerprint(hostile_nest(128))$$),
+  ('idem_set_result: result 127 deep', $$SELECT idem_set_result('n-1', hostile_nest(127), 'hostile')$$),
+  ('idem_claim_replay: replays the result 127 deep', $$SELECT result = hostile_nest(127) FROM idem_claim_replay('n-1', 'hostile')$$),
+  ('idem_set_result: result 128 deep', $$SELECT idem_set_result('n-1', hostile_nest(128), 'hostile')$$),
+  ('idem_key_from: payload 127 deep', $$SELECT idem_key_from(jsonb_build_object('a', 'x', 'deep', hostile_nest(126)), 'a')$$),
+  ('idem_key_from: payload 128 deep', $$SELECT idem_key_from(jsonb_build_object('a', 'x', 'deep', hostile_nest(127)), 'a')$$),
+  ('idem_call_confirm: response 128 deep', $$SELECT idem_call_confirm('n-3', 'hostile', 'charge', hostile_nest(128))$$),
+  ('idem_call_resolve: response 128 deep', $$SELECT idem_call_resolve('n-3', 'hostile', 'charge', true, hostile_nest(128))$$)
+) AS c(label, statement), LATERAL hostile(c.label, c.statement) AS h;
+-- Nothing was claimed by the refused calls.
+SELECT count(*) AS refused_keys_claimed FROM idempotency.ledger WHERE key_digest = idem_digest('n-2', 'hostile');
+SELECT idem_claim('fresh-after-nesting', 'hostile') AS still_claims;
+COMMIT;
+DROP FUNCTION hostile_nest(int);
+
 -- After all of it -------------------------------------------------------------------------
 -- No case raised an internal error.
 SELECT n, label, sqlstate FROM hostile_outcomes WHERE sqlstate = 'XX000' ORDER BY n;
 -- Every SQLSTATE is one of README.md's table ("Errors").
 SELECT DISTINCT sqlstate AS undocumented FROM hostile_outcomes
-WHERE sqlstate <> 'ok' AND sqlstate <> ALL ('{22004,22023,55P03,42703,42P10,42883,42804,42809,42704,42P01,55000,25000,25P01,25001,2D000,40001,42501,22P02,22001,22003,23502,23503,23505,23514,27000,ID001,ID002,ID003,ID004,ID005}');
+WHERE sqlstate <> 'ok' AND sqlstate <> ALL ('{22004,22023,55P03,42703,42P10,42883,42804,42809,42704,42P01,55000,25000,25P01,25001,2D000,40001,42501,22P02,22001,22003,23502,23503,23505,23514,27000,ID001,ID002,ID003,ID004,ID005,54001,0A000}');
 SELECT sqlstate, count(*) FROM hostile_outcomes GROUP BY sqlstate ORDER BY sqlstate;
 -- The ledger holds exactly the claims that answered true, each once: none was lost and none
 -- was left behind by a case that failed.
