@@ -9,7 +9,7 @@ use std::thread;
 
 use postgres::Client;
 
-use common::{describe, expect_sqlstate, join, ok, test_db, Barrier, TestDb};
+use common::{describe, expect_sqlstate, join, ok, shuffled, test_db, Barrier, TestDb};
 
 const SETUP: &str = "
 CREATE TABLE read_model (id int PRIMARY KEY, status text, version bigint);
@@ -38,22 +38,6 @@ fn db() -> &'static TestDb {
 const WRITERS: usize = 8;
 
 // --- helpers local to this file -------------------------------------------------------------
-
-/// A deterministic permutation of `items` (Fisher-Yates driven by a 64-bit LCG), so every
-/// run sends the versions in the same "random" order and a failure can be replayed.
-fn shuffled<T>(mut items: Vec<T>, seed: u64) -> Vec<T> {
-    let mut state = seed;
-    let mut next = || {
-        // Knuth's MMIX constants; the high bits are the well-mixed ones.
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        state >> 33
-    };
-    for i in (1..items.len()).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
-        items.swap(i, j);
-    }
-    items
-}
 
 /// Deals `items` round-robin to `WRITERS` threads: thread t gets items t, t+8, t+16, ...
 fn deal<T: Clone>(items: &[T]) -> Vec<Vec<T>> {

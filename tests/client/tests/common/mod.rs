@@ -204,6 +204,35 @@ pub fn ledger_rows(client: &mut Client, key: &str) -> i64 {
         .get(0)
 }
 
+// --- deterministic "randomness" -----------------------------------------------------------
+
+/// A 64-bit LCG (Knuth's MMIX constants), so every run makes the same "random" choices and a
+/// failure can be replayed.
+pub struct Lcg(u64);
+
+impl Lcg {
+    pub fn new(seed: u64) -> Self {
+        Lcg(seed)
+    }
+
+    /// The next number below `bound`.
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        // The high bits are the well-mixed ones.
+        (self.0 >> 33) % bound
+    }
+}
+
+/// A deterministic permutation of `items` (Fisher-Yates driven by [`Lcg`]).
+pub fn shuffled<T>(mut items: Vec<T>, seed: u64) -> Vec<T> {
+    let mut lcg = Lcg::new(seed);
+    for i in (1..items.len()).rev() {
+        let j = lcg.below(i as u64 + 1) as usize;
+        items.swap(i, j);
+    }
+    items
+}
+
 // --- synchronisation ---------------------------------------------------------------------
 
 /// A reusable barrier whose wait gives up (panics) after [`WAIT_LIMIT`], so that one
