@@ -112,21 +112,8 @@ AS 'MODULE_PATHNAME', 'idem_version_guard_entry';
 COMMENT ON FUNCTION idem_version_guard(regclass, name) IS
   'From now on every UPDATE of target, from any client, is a no-op unless it makes version_column newer. Calling it again replaces the guard.';
 
-CREATE FUNCTION idem_version_unguard(target regclass)
-RETURNS boolean LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
-                 WHERE tgrelid = target AND tgname = 'idem_version_guard') THEN
-    RETURN false;
-  END IF;
-  EXECUTE pg_catalog.format('DROP TRIGGER idem_version_guard ON %s', target);
-  RETURN true;
-END
-$$;
-COMMENT ON FUNCTION idem_version_unguard(regclass) IS
-  'Removes the version guard of target; false when it had none.';
+-- idem_version_unguard is defined in sql/idempotency--0.4.0--0.5.0.sql (it refuses a NULL
+-- target from 0.5.0).
 
 -- The tables whose UPDATEs are guarded, and by which column.
 CREATE VIEW idempotency.version_guards AS

@@ -1,64 +1,7 @@
 -- Retention: declared scopes, the batched purge and its pg_cron schedule.
 
-CREATE FUNCTION idem_declare_scope(
-    scope            text,
-    broker_retention interval,
-    dlq_retention    interval DEFAULT '0',
-    replay_window    interval DEFAULT '0',
-    buffer           interval DEFAULT '1 day',
-    late_replay      text     DEFAULT 'error')
-RETURNS idempotency.scopes
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-  declared idempotency.scopes;
-  part record;
-BEGIN
-  IF scope IS NULL OR late_replay IS NULL THEN
-    RAISE EXCEPTION USING ERRCODE = '22004',
-      MESSAGE = format('%s must not be NULL', CASE WHEN scope IS NULL THEN 'scope' ELSE 'late_replay' END);
-  END IF;
-  FOR part IN SELECT * FROM (VALUES ('broker_retention', broker_retention), ('dlq_retention', dlq_retention),
-                                    ('replay_window', replay_window), ('buffer', buffer)) AS p(name, value) LOOP
-    IF part.value IS NULL THEN
-      RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = format('%s must not be NULL', part.name),
-        HINT = 'Use ''0'' for a part that does not apply.';
-    END IF;
-    IF part.value < interval '0' THEN
-      RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must not be negative, not %s', part.name, part.value);
-    END IF;
-  END LOOP;
-  IF broker_retention + dlq_retention + replay_window + buffer <= interval '0' THEN
-    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('retention of scope "%s" must be longer than zero', scope);
-  END IF;
-  IF late_replay NOT IN ('error', 'warn') THEN
-    RAISE EXCEPTION USING ERRCODE = '22023',
-      MESSAGE = format('late_replay must be ''error'' or ''warn'', not %L', late_replay);
-  END IF;
-  INSERT INTO idempotency.scopes AS s
-         (scope, scope_id, broker_retention, dlq_retention, replay_window, buffer, late_replay)
-  VALUES (scope, @extschema@.idem_scope_id(scope), broker_retention, dlq_retention, replay_window, buffer, late_replay)
-  ON CONFLICT ON CONSTRAINT scopes_pkey DO UPDATE
-     SET broker_retention = EXCLUDED.broker_retention, dlq_retention = EXCLUDED.dlq_retention,
-         replay_window = EXCLUDED.replay_window, buffer = EXCLUDED.buffer,
-         late_replay = EXCLUDED.late_replay, declared_at = now()
-  RETURNING s.* INTO declared;
-  RETURN declared;
-END
-$$;
-COMMENT ON FUNCTION idem_declare_scope(text, interval, interval, interval, interval, text) IS
-  'Declares (or redeclares) a scope''s retention as broker + DLQ retention + replay window + buffer, and what a late replay does.';
-
-CREATE FUNCTION idem_forget_scope(scope text)
-RETURNS boolean LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-  WITH gone AS (DELETE FROM idempotency.scopes AS s WHERE s.scope = idem_forget_scope.scope RETURNING 1)
-  SELECT count(*) > 0 FROM gone;
-END;
-COMMENT ON FUNCTION idem_forget_scope(text) IS
-  'Removes a scope''s declaration; its claims then follow idempotency.default_retention.';
+-- idem_declare_scope and idem_forget_scope are defined in sql/idempotency--0.4.0--0.5.0.sql,
+-- which runs after this file in a fresh install: their one live definition.
 
 -- Every scope's retention and where it comes from, with one row for all undeclared scopes.
 CREATE VIEW idempotency.scope_retention AS
@@ -71,8 +14,8 @@ SELECT '(undeclared scopes)', NULL, NULL, NULL, NULL,
 COMMENT ON VIEW idempotency.scope_retention IS 'Each declared scope''s retention, its parts and total, and the default of undeclared scopes.';
 
 -- idem_purge, the batched purge of expired claims (and, from 0.3.0, of sent outbox messages),
--- is defined in sql/idempotency--0.2.0--0.3.0.sql, which runs after this file in a fresh
--- install: its one live definition.
+-- was defined in sql/idempotency--0.2.0--0.3.0.sql and redefined by every release since; the
+-- live definition is the last one, in sql/idempotency--0.4.0--0.5.0.sql.
 
 -- A run that was cancelled or failed keeps finished_at NULL; whether it is still running is
 -- told by its backend: alive and executing a purge.

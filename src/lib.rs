@@ -25,7 +25,8 @@ extension_sql_file!("../sql/retention.sql", name = "retention", requires = ["api
 // Each release's upgrade script after 0.2.0 is also the tail of a fresh install's script, so
 // that what it creates is defined once.
 extension_sql_file!("../sql/idempotency--0.2.0--0.3.0.sql", name = "outbox", requires = ["retention"]);
-extension_sql_file!("../sql/idempotency--0.3.0--0.4.0.sql", name = "streams", finalize);
+extension_sql_file!("../sql/idempotency--0.3.0--0.4.0.sql", name = "streams", requires = ["outbox"]);
+extension_sql_file!("../sql/idempotency--0.4.0--0.5.0.sql", name = "hostile_input", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

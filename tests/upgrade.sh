@@ -108,6 +108,11 @@ SELECT idem_claim_many(ARRAY['batch-2', 'batch-3'], 'imports');
 DO $$ BEGIN PERFORM idem_claim('order-1:refund', 'billing', '{"order": 2}'); RAISE 'no error';
       EXCEPTION WHEN SQLSTATE 'ID001' THEN RAISE NOTICE 'ID001'; END $$;
 SELECT idem_versioned_update('accounts', '{"id": 3}', '{"balance": 1, "version": 6}');
+-- 0.5.0: a NULL scope and a retention now() cannot subtract are refused, not taken.
+DO $$ BEGIN PERFORM idem_forget_scope(NULL); RAISE 'idem_forget_scope(NULL) answered';
+      EXCEPTION WHEN SQLSTATE '22004' THEN NULL; END $$;
+DO $$ BEGIN PERFORM idem_declare_scope('eon', '10000 years'); RAISE 'a 10000-year retention was declared';
+      EXCEPTION WHEN SQLSTATE '22023' THEN NULL; END $$;
 SELECT string_agg(id || ':' || balance || ':' || version, ' ' ORDER BY id) FROM accounts WHERE id IN (1, 3);
 SQL
   )

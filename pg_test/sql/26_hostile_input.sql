@@ -203,7 +203,7 @@ SELECT h.* FROM (VALUES
   ('idem_version_guard: NULL target', $$SELECT idem_version_guard(NULL)$$),
   ('idem_version_guard: NULL version_column', $$SELECT idem_version_guard('hostile_rows', NULL)$$),
   ('idem_version_guard: empty version_column', $$SELECT idem_version_guard('hostile_rows', '')$$),
-  ('idem_version_unguard: NULL target has no guard', $$SELECT idem_version_unguard(NULL)$$)
+  ('idem_version_unguard: NULL target', $$SELECT idem_version_unguard(NULL)$$)
 ) AS c(label, statement), LATERAL hostile(c.label, c.statement) AS h;
 SELECT idem_claim('fresh-after-versioned', 'hostile') AS still_claims;
 COMMIT;
@@ -354,6 +354,14 @@ SELECT h.* FROM (VALUES
   ('idem_declare_scope: zero in all', $$SELECT retention FROM idem_declare_scope('hostile-declared', '0', buffer => '0')$$),
   ('idem_declare_scope: empty late_replay', $$SELECT retention FROM idem_declare_scope('hostile-declared', '1 day', late_replay => '')$$),
   ('idem_declare_scope: 1 MB late_replay', $$SELECT retention FROM idem_declare_scope('hostile-declared', '1 day', late_replay => repeat('w', 1048576))$$),
+  -- now() - retention must stay a timestamp, or every purge of the database would fail.
+  ('idem_declare_scope: 10000 years', $$SELECT retention FROM idem_declare_scope('hostile-declared', '10000 years')$$),
+  ('idem_declare_scope: parts past the interval range', $$SELECT retention FROM idem_declare_scope('hostile-declared', '178000000 years', '178000000 years')$$),
+  ('idem_declare_scope: 1000 years in all', $$SELECT retention FROM idem_declare_scope('hostile-declared', '999 years', buffer => '1 year')$$),
+  ('idem_declare_scope: 1000 years and a day', $$SELECT retention FROM idem_declare_scope('hostile-declared', '1000 years')$$),
+  ('idem_declare_scope: 1 MB scope', $$SELECT retention FROM idem_declare_scope(repeat('s', 1048576), '1 day')$$),
+  ('idem_declare_scope: 1024-byte scope', $$SELECT octet_length(scope) FROM idem_declare_scope(repeat('é', 512), '1 day')$$),
+  ('idem_forget_scope: 1024-byte scope', $$SELECT idem_forget_scope(repeat('é', 512))$$),
   ('idem_declare_scope: valid', $$SELECT retention FROM idem_declare_scope('hostile-declared', '1 day')$$),
   ('idem_scope_budget: NULL scope', $$SELECT row_budget FROM idem_scope_budget(NULL, 1)$$),
   ('idem_scope_budget: empty scope', $$SELECT row_budget FROM idem_scope_budget('', 1)$$),
@@ -363,7 +371,7 @@ SELECT h.* FROM (VALUES
   ('idem_scope_budget: beyond int8', $$SELECT row_budget FROM idem_scope_budget('hostile-declared', '9223372036854775808')$$),
   ('idem_scope_budget: int8 maximum', $$SELECT row_budget FROM idem_scope_budget('hostile-declared', 9223372036854775807)$$),
   ('idem_scope_budget: NULL removes it', $$SELECT row_budget FROM idem_scope_budget('hostile-declared', NULL)$$),
-  ('idem_forget_scope: NULL names no scope', $$SELECT idem_forget_scope(NULL)$$),
+  ('idem_forget_scope: NULL scope', $$SELECT idem_forget_scope(NULL)$$),
   ('idem_forget_scope: empty', $$SELECT idem_forget_scope('')$$),
   ('idem_forget_scope: 1 MB', $$SELECT idem_forget_scope(repeat('s', 1048576))$$),
   ('idem_default_retention', $$SELECT idem_default_retention()$$),

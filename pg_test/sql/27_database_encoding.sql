@@ -3,6 +3,7 @@
 -- their bytes would mean something else. Every function refuses such a database with 0A000
 -- before it reads an argument: none answers, none writes, none crashes the backend (an
 -- unchecked byte 0xff in a SQL_ASCII database once did).
+\set SHOW_CONTEXT never
 \set regress_db :DBNAME
 CREATE DATABASE idem_latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0;
 CREATE DATABASE idem_sql_ascii ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0;
