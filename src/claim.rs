@@ -321,7 +321,12 @@ fn idem_claim(
 ) -> Option<bool> {
     finish(claim(Delivery { key, scope, payload, sent_at }, Wait::Block, false).map(|c| c.claimed))
 }
-sqlstate_entry!(idem_claim_entry, pg_finfo_idem_claim_entry, idem_claim_wrapper, jsonb = [(2, "payload")]);
+sqlstate_entry!(
+    idem_claim_entry,
+    pg_finfo_idem_claim_entry,
+    idem_claim_wrapper,
+    checks = [crate::error::Check::Jsonb(2, "payload")]
+);
 
 #[pg_extern(sql = false)]
 fn idem_claim_nowait(
@@ -336,7 +341,7 @@ sqlstate_entry!(
     idem_claim_nowait_entry,
     pg_finfo_idem_claim_nowait_entry,
     idem_claim_nowait_wrapper,
-    jsonb = [(2, "payload")]
+    checks = [crate::error::Check::Jsonb(2, "payload")]
 );
 
 #[pg_extern(sql = false)]
@@ -361,7 +366,7 @@ sqlstate_entry!(
     idem_claim_replay_entry,
     pg_finfo_idem_claim_replay_entry,
     idem_claim_replay_wrapper,
-    jsonb = [(2, "payload")]
+    checks = [crate::error::Check::Jsonb(2, "payload")]
 );
 
 #[pg_extern(sql = false)]
@@ -372,14 +377,19 @@ sqlstate_entry!(
     idem_set_result_entry,
     pg_finfo_idem_set_result_entry,
     idem_set_result_wrapper,
-    jsonb = [(1, "result")]
+    checks = [crate::error::Check::Jsonb(1, "result")]
 );
 
 #[pg_extern(sql = false)]
 fn idem_claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Option<Vec<bool>> {
     finish(claim_many(keys, scope))
 }
-sqlstate_entry!(idem_claim_many_entry, pg_finfo_idem_claim_many_entry, idem_claim_many_wrapper);
+sqlstate_entry!(
+    idem_claim_many_entry,
+    pg_finfo_idem_claim_many_entry,
+    idem_claim_many_wrapper,
+    checks = [crate::error::Check::OneBasedList(0, "keys")]
+);
 
 #[pg_extern(sql = false)]
 fn idem_digest(key: Option<&str>, scope: Option<&str>) -> Option<Uuid> {
@@ -401,5 +411,5 @@ sqlstate_entry!(
     idem_fingerprint_entry,
     pg_finfo_idem_fingerprint_entry,
     idem_fingerprint_wrapper,
-    jsonb = [(0, "payload")]
+    checks = [crate::error::Check::Jsonb(0, "payload")]
 );

@@ -205,20 +205,28 @@ pub unsafe fn raise(error: IdemError) -> ! {
     }
 }
 
-/// How deep a jsonb argument may nest: pgrx reads jsonb arguments through serde_json, whose
-/// recursion limit refuses 128 levels with an error that would reach the caller as XX000.
+/// An argument (0-based position, name) that a function's entry point checks before pgrx
+/// converts it, where a bad value would otherwise be a panic (XX000) or a wrong answer.
+pub enum Check {
+    /// A jsonb argument: pgrx reads it through serde_json, whose recursion limit refuses 128
+    /// levels with a panic.
+    Jsonb(usize, &'static str),
+    /// An array whose answers line up with its elements: pgrx reads any array as a list
+    /// from 1, so `result[i]` would not answer `keys[i]` for other subscripts or dimensions.
+    OneBasedList(usize, &'static str),
+}
+
+/// How deep a jsonb argument may nest (see [`Check::Jsonb`]).
 pub const JSONB_DEPTH_LIMIT: usize = 127;
 
-/// What every call checks before pgrx converts its arguments, where a failure would be a
-/// panic (XX000) or worse:
-/// - the database is UTF8: keys, scopes and payloads are digested as UTF-8 text, pgrx takes
-///   text as Rust strings, and array elements unchecked, so other encodings' bytes would be
-///   read as invalid strings (a backend crashed on `idem_key` in a SQL_ASCII database);
-/// - no jsonb argument in `jsonb` nests deeper than [`JSONB_DEPTH_LIMIT`].
+/// What every call checks before pgrx converts its arguments: that the database is UTF8
+/// (keys, scopes and payloads are digested as UTF-8 text; pgrx takes text as Rust strings,
+/// and array elements unchecked, so other encodings' bytes would be read as invalid strings:
+/// a backend crashed on `idem_key` in a SQL_ASCII database), and its [`Check`]s.
 ///
 /// # Safety
-/// `fcinfo` is the call's, and `jsonb` names arguments the SQL declaration types jsonb.
-pub unsafe fn check_arguments(fcinfo: pg_sys::FunctionCallInfo, jsonb: &[(usize, &str)]) {
+/// `fcinfo` is the call's, and each check names an argument of the type it reads.
+pub unsafe fn check_arguments(fcinfo: pg_sys::FunctionCallInfo, checks: &[Check]) {
     if pg_sys::GetDatabaseEncoding() != pg_sys::pg_enc::PG_UTF8 as c_int {
         let encoding = std::ffi::CStr::from_ptr(pg_sys::GetDatabaseEncodingName()).to_string_lossy().into_owned();
         raise(
@@ -228,13 +236,26 @@ pub unsafe fn check_arguments(fcinfo: pg_sys::FunctionCallInfo, jsonb: &[(usize,
         );
     }
     let args = (*fcinfo).args.as_slice((*fcinfo).nargs as usize);
-    for &(index, name) in jsonb {
-        let Some(arg) = args.get(index).filter(|a| !a.isnull) else { continue };
-        if crate::jsonb::nests_deeper_than(arg.value, JSONB_DEPTH_LIMIT) {
-            raise(
-                IdemError::new(SqlState::StatementTooComplex, format!("{name} nests more than {JSONB_DEPTH_LIMIT} levels deep"))
-                    .hint(format!("Payloads, results and responses are read as JSON values, to at most {JSONB_DEPTH_LIMIT} levels of arrays and objects.")),
-            );
+    let value = |index: usize| args.get(index).filter(|a| !a.isnull).map(|a| a.value);
+    for check in checks {
+        match *check {
+            Check::Jsonb(index, name) => {
+                if value(index).is_some_and(|v| crate::jsonb::nests_deeper_than(v, JSONB_DEPTH_LIMIT)) {
+                    raise(
+                        IdemError::new(SqlState::StatementTooComplex, format!("{name} nests more than {JSONB_DEPTH_LIMIT} levels deep"))
+                            .hint(format!("Payloads, results and responses are read as JSON values, to at most {JSONB_DEPTH_LIMIT} levels of arrays and objects.")),
+                    );
+                }
+            }
+            Check::OneBasedList(index, name) => {
+                if value(index).is_some_and(|v| !crate::postgres::args::is_one_based_list(v)) {
+                    raise(
+                        IdemError::new(SqlState::InvalidParameterValue, format!("{name} must be a one-dimensional array with subscripts from 1"))
+                            .detail("The answers are an array from 1, one per element, in order; other subscripts would not line up with them.")
+                            .hint("Pass the elements as a plain array, e.g. ARRAY['a', 'b'] or array_agg(…)."),
+                    );
+                }
+            }
         }
     }
 }
@@ -289,19 +310,19 @@ fn palloc_cstr(text: Option<String>) -> *mut c_char {
 /// Declares the C entry point that SQL calls for a `#[pg_extern(sql = false)]` function: it
 /// runs pgrx's wrapper (argument conversion, panic and error guard) and then raises a stashed
 /// error with its own SQLSTATE.
-/// `jsonb = [(N, "name"), …]` lists the function's jsonb arguments (0-based), which are
-/// checked before pgrx converts them (see [`check_arguments`]).
+/// `checks = [Check::…, …]` lists the arguments to check before pgrx converts them (see
+/// [`check_arguments`]).
 macro_rules! sqlstate_entry {
     ($entry:ident, $finfo:ident, $wrapper:path) => {
-        $crate::error::sqlstate_entry!($entry, $finfo, $wrapper, jsonb = []);
+        $crate::error::sqlstate_entry!($entry, $finfo, $wrapper, checks = []);
     };
-    ($entry:ident, $finfo:ident, $wrapper:path, jsonb = [$(($arg:literal, $name:literal)),*]) => {
+    ($entry:ident, $finfo:ident, $wrapper:path, checks = [$($check:expr),*]) => {
         $crate::error::v1_finfo!($finfo);
 
         #[no_mangle]
         #[doc(hidden)]
         pub unsafe extern "C-unwind" fn $entry(fcinfo: ::pgrx::pg_sys::FunctionCallInfo) -> ::pgrx::pg_sys::Datum {
-            $crate::error::check_arguments(fcinfo, &[$(($arg, $name)),*]);
+            $crate::error::check_arguments(fcinfo, &[$($check),*]);
             let datum = $wrapper(fcinfo);
             $crate::error::raise_pending();
             datum

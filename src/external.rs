@@ -272,7 +272,7 @@ sqlstate_entry!(
     idem_call_confirm_entry,
     pg_finfo_idem_call_confirm_entry,
     idem_call_confirm_wrapper,
-    jsonb = [(3, "response")]
+    checks = [crate::error::Check::Jsonb(3, "response")]
 );
 
 #[pg_extern(sql = false)]
@@ -289,5 +289,5 @@ sqlstate_entry!(
     idem_call_resolve_entry,
     pg_finfo_idem_call_resolve_entry,
     idem_call_resolve_wrapper,
-    jsonb = [(4, "response")]
+    checks = [crate::error::Check::Jsonb(4, "response")]
 );

@@ -200,7 +200,12 @@ sqlstate_entry!(idem_child_key_entry, pg_finfo_idem_child_key_entry, idem_child_
 fn idem_key_from(payload: Option<pgrx::JsonB>, paths: Option<Array<'_, &str>>) -> Option<String> {
     crate::error::finish(payload_key(payload, paths))
 }
-sqlstate_entry!(idem_key_from_entry, pg_finfo_idem_key_from_entry, idem_key_from_wrapper, jsonb = [(0, "payload")]);
+sqlstate_entry!(
+    idem_key_from_entry,
+    pg_finfo_idem_key_from_entry,
+    idem_key_from_wrapper,
+    checks = [crate::error::Check::Jsonb(0, "payload")]
+);
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]

@@ -76,7 +76,11 @@ SELECT h.* FROM (VALUES
   ('idem_claim_many: empty scope', $$SELECT idem_claim_many(ARRAY['m-1'], '')$$),
   ('idem_claim_many: empty array', $$SELECT idem_claim_many('{}', 'hostile')$$),
   ('idem_claim_many: 1 MB keys, one claimed, one twice', $$SELECT idem_claim_many(ARRAY[repeat('k', 1048576), repeat('m', 1048576), repeat('m', 1048576)], 'hostile')$$),
-  ('idem_claim_many: 1 MB scope', $$SELECT idem_claim_many(ARRAY['m-1', 'm-2'], repeat('s', 1048576))$$)
+  ('idem_claim_many: 1 MB scope', $$SELECT idem_claim_many(ARRAY['m-1', 'm-2'], repeat('s', 1048576))$$),
+  -- The answers are a list from 1: keys with other subscripts would not line up with them.
+  ('idem_claim_many: subscripts from 0', $$SELECT idem_claim_many('[0:1]={m-0,m-9}'::text[], 'hostile')$$),
+  ('idem_claim_many: two dimensions', $$SELECT idem_claim_many('{{m-7,m-8},{m-9,m-10}}'::text[], 'hostile')$$),
+  ('idem_claim_many: explicit subscripts from 1', $$SELECT idem_claim_many('[1:2]={m-7,m-8}'::text[], 'hostile')$$)
 ) AS c(label, statement), LATERAL hostile(c.label, c.statement) AS h;
 -- The transaction survived every error above: it still claims a fresh key.
 SELECT idem_claim('fresh-after-claims', 'hostile') AS still_claims;

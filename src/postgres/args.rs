@@ -114,3 +114,15 @@ unsafe fn text(value: pg_sys::Datum) -> String {
         String::from_utf8_lossy(bytes).into_owned()
     }
 }
+
+/// Whether the array `datum` is empty, or one-dimensional with subscripts from 1.
+///
+/// # Safety
+/// `datum` must be an array datum.
+pub unsafe fn is_one_based_list(datum: pg_sys::Datum) -> bool {
+    let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
+    let dimensions = (*array).ndim;
+    // ARR_DIMS follow the header, then ARR_LBOUND: with one dimension, its lower bound is the
+    // second int after the header.
+    dimensions == 0 || (dimensions == 1 && *array.add(1).cast::<i32>().add(1) == 1)
+}

@@ -4,7 +4,8 @@
 //!
 //! - [`guard`]: calls into PostgreSQL that keep an error whole ([`catch`]), so that it can be
 //!   raised again exactly as the equivalent statement raises it.
-//! - [`args`]: the arguments of a `VARIADIC "any"` function, each by its own type.
+//! - [`args`]: the arguments of a `VARIADIC "any"` function, each by its own type, and the
+//!   shape of an array argument.
 //! - [`ffi`]: PostgreSQL functions declared without pgrx's per-call guard, for [`catch`].
 //! - [`relcache`]: the one relcache callback, which tells each per-table cache to forget.
 //! - [`role`]: the extension's own bookkeeping, run as the owner of the table it writes.

@@ -106,6 +106,12 @@ impl TestDb {
         connect_to(&self.name, label)
     }
 
+    /// A new session, or the error that refused it: a server in crash recovery refuses every
+    /// connection until it is consistent again.
+    pub fn try_connect(&self, label: &str) -> Result<Client, postgres::Error> {
+        config(&self.name, label).connect(NoTls)
+    }
+
     /// A new session and its backend pid.
     pub fn session(&self, label: &str) -> Session {
         let mut client = self.connect(label);
@@ -202,6 +208,35 @@ pub fn ledger_rows(client: &mut Client, key: &str) -> i64 {
         .query_one("SELECT count(*) FROM idempotency.ledger WHERE key_digest = idem_digest($1)", &[&key])
         .unwrap()
         .get(0)
+}
+
+/// Asserts that amcheck finds each of `tables` intact: its heap, and every one of its indexes
+/// (btree, each checked against the heap with heapallindexed).
+#[track_caller]
+pub fn assert_intact(client: &mut Client, tables: &[&str]) {
+    for table in tables {
+        let indexes: Vec<String> = ok(
+            client
+                .query("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = $1::text::regclass", &[table]),
+            &format!("the indexes of {table}"),
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+        // Every checked table has one, so an empty list means the query missed them.
+        assert!(!indexes.is_empty(), "{table} has no index to check");
+        for index in &indexes {
+            ok(
+                client.execute("SELECT bt_index_check($1::text::regclass, true)", &[index]),
+                &format!("bt_index_check {index}"),
+            );
+        }
+        let corrupt = ok(
+            client.query("SELECT * FROM verify_heapam($1::text::regclass)", &[table]),
+            &format!("verify_heapam {table}"),
+        );
+        assert!(corrupt.is_empty(), "verify_heapam({table}) reports {} problems", corrupt.len());
+    }
 }
 
 // --- deterministic "randomness" -----------------------------------------------------------
