@@ -9,6 +9,7 @@
 -- with more made every purge of the database fail with 22008 from then on. Parts are checked
 -- one by one first, since their sum can leave the interval range. A scope name is at most
 -- 1024 bytes, as a stream's: the scopes table's primary key could not index a longer one.
+-- Messages quote at most 64 characters of what they were given, as the functions in C do.
 CREATE OR REPLACE FUNCTION idem_declare_scope(
     scope            text,
     broker_retention interval,
@@ -56,7 +57,8 @@ BEGIN
   END IF;
   IF late_replay NOT IN ('error', 'warn') THEN
     RAISE EXCEPTION USING ERRCODE = '22023',
-      MESSAGE = format('late_replay must be ''error'' or ''warn'', not %L', late_replay);
+      MESSAGE = format('late_replay must be ''error'' or ''warn'', not %L',
+                       CASE WHEN length(late_replay) > 64 THEN left(late_replay, 64) || '…' ELSE late_replay END);
   END IF;
   INSERT INTO idempotency.scopes AS s
          (scope, scope_id, broker_retention, dlq_retention, replay_window, buffer, late_replay)
@@ -107,3 +109,34 @@ END
 $$;
 COMMENT ON FUNCTION idem_version_unguard(regclass) IS
   'Removes the version guard of target; false when it had none.';
+
+-- The message names at most 64 characters of the scope: a name that long was never declared.
+CREATE OR REPLACE FUNCTION idem_scope_budget(scope text, row_budget bigint)
+RETURNS idempotency.scopes
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  declared idempotency.scopes;
+BEGIN
+  IF scope IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'scope must not be NULL';
+  END IF;
+  IF row_budget OPERATOR(pg_catalog.<) 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('row_budget must be at least 1, not %s', row_budget),
+      HINT = 'Pass NULL to remove the budget.';
+  END IF;
+  UPDATE idempotency.scopes AS s SET row_budget = idem_scope_budget.row_budget
+   WHERE s.scope OPERATOR(pg_catalog.=) idem_scope_budget.scope
+  RETURNING s.* INTO declared;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = '42704',
+      MESSAGE = pg_catalog.format('scope "%s" is not declared',
+                                  CASE WHEN length(scope) > 64 THEN left(scope, 64) || '…' ELSE scope END),
+      HINT = 'Declare it with idem_declare_scope first: a budget belongs to a declared scope.';
+  END IF;
+  RETURN declared;
+END
+$$;
+COMMENT ON FUNCTION idem_scope_budget(text, bigint) IS
+  'Sets (or, with NULL, removes) the row budget of a declared scope: idem_purge warns with ID005 while the scope holds more claims.';

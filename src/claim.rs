@@ -209,7 +209,7 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
                 format!(
                     "key \"{}\" in scope \"{}\" was already claimed with a different payload",
                     abbreviate(key),
-                    scope.name
+                    abbreviate(scope.name)
                 ),
             )
             .detail(format!("The first claim was made at {when}; this payload's canonical fingerprint differs."))
@@ -258,7 +258,11 @@ fn store_result(key: Option<&str>, result: Option<JsonB>, scope: Option<&str>) -
     if STORE_RESULT.run(&args, |rows| rows.len())? == 0 {
         return Err(IdemError::new(
             SqlState::NotClaimed,
-            format!("key \"{}\" in scope \"{}\" has no claim to store a result for", abbreviate(key), scope.name),
+            format!(
+                "key \"{}\" in scope \"{}\" has no claim to store a result for",
+                abbreviate(key),
+                abbreviate(scope.name)
+            ),
         )
         .hint("Call idem_claim first, in the same transaction."));
     }

@@ -53,7 +53,8 @@ impl<'a> Scope<'a> {
     }
 }
 
-/// Keys may be megabytes long; messages quote at most the first 64 characters.
+/// Keys, scopes and steps may be megabytes long; messages quote at most their first 64
+/// characters.
 pub fn abbreviate(key: &str) -> String {
     match key.char_indices().nth(64) {
         Some((end, _)) => format!("{}…", &key[..end]),

@@ -56,13 +56,13 @@ impl<'a> Call<'a> {
 
     /// How messages name the call: its step and (the start of) its key.
     fn named(&self) -> String {
-        format!("step \"{}\" of key \"{}\"", self.step, abbreviate(self.key))
+        format!("step \"{}\" of key \"{}\"", abbreviate(self.step), abbreviate(self.key))
     }
 
     fn not_begun(&self) -> IdemError {
         IdemError::new(
             SqlState::NotClaimed,
-            format!("no external call was begun for {} in scope \"{}\"", self.named(), self.scope.name),
+            format!("no external call was begun for {} in scope \"{}\"", self.named(), abbreviate(self.scope.name)),
         )
         .hint("Call idem_call_begin before the call, and confirm only what it answered 'new' for.")
     }

@@ -5,7 +5,7 @@
 use pgrx::prelude::*;
 use serde_json::Value;
 
-use crate::digest::{parse_key, write_canonical};
+use crate::digest::{abbreviate, parse_key, write_canonical};
 use crate::error::{required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::args::{variadic_any, Part};
 
@@ -139,7 +139,7 @@ fn lookup<'v>(payload: &'v Value, path: &str) -> Result<&'v Value> {
         return Err(IdemError::new(SqlState::InvalidParameterValue, "path must not be empty"));
     }
     let missing = || {
-        IdemError::new(SqlState::KeyMissingFromPayload, format!("payload has no value at \"{path}\""))
+        IdemError::new(SqlState::KeyMissingFromPayload, format!("payload has no value at \"{}\"", abbreviate(path)))
             .hint("The key cannot be derived, so the message cannot be deduplicated; reject it or send it to the DLQ.")
     };
     let mut at = payload;

@@ -8,7 +8,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
-use crate::digest::Scope;
+use crate::digest::{abbreviate, Scope};
 use crate::error::{warn, IdemError, Result, SqlState};
 use crate::postgres::spi::Statement;
 
@@ -62,7 +62,7 @@ pub fn check_late_replay(scope: &Scope<'_>, sent_at: TimestampWithTimeZone) -> R
     }
     let report = IdemError::new(
         SqlState::LateReplay,
-        format!("message is older than the retention of scope \"{}\" ({})", scope.name, retention.unwrap_or_default()),
+        format!("message is older than the retention of scope \"{}\" ({})", abbreviate(scope.name), retention.unwrap_or_default()),
     )
     .detail(format!("It was sent at {sent_at}; the claim of an earlier delivery may already have been purged, so a duplicate of it can no longer be recognised."))
     .hint("Replay old messages only after idem_declare_scope gives the scope a replay window that covers them.");

@@ -9,7 +9,7 @@
 -- returns one row: 'ok' with the first column of the first row the statement returned, or
 -- the SQLSTATE and message of the error it raised (cut at 80 characters: some quote a 1 MB
 -- argument). Every outcome is kept in hostile_outcomes for the checks at the end.
-CREATE TABLE hostile_outcomes (n serial, label text, sqlstate text);
+CREATE TABLE hostile_outcomes (n serial, label text, sqlstate text, message_length int);
 CREATE FUNCTION hostile(case_label text, statement text)
 RETURNS TABLE (label text, sqlstate text, outcome text) LANGUAGE plpgsql AS $f$
 DECLARE
@@ -23,7 +23,7 @@ BEGIN
   EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, said = MESSAGE_TEXT;
   END;
-  INSERT INTO hostile_outcomes (label, sqlstate) VALUES (case_label, code);
+  INSERT INTO hostile_outcomes (label, sqlstate, message_length) VALUES (case_label, code, length(said));
   RETURN QUERY SELECT case_label, code, CASE WHEN length(said) > 80 THEN left(said, 80) || '…' ELSE said END;
 END $f$;
 
@@ -580,6 +580,10 @@ SELECT n, label, sqlstate FROM hostile_outcomes WHERE sqlstate = 'XX000' ORDER B
 SELECT DISTINCT sqlstate AS undocumented FROM hostile_outcomes
 WHERE sqlstate <> 'ok' AND sqlstate <> ALL ('{22004,22023,55P03,42703,42P10,42883,42804,42809,42704,42P01,55000,25000,25P01,25001,2D000,40001,42501,22P02,22001,22003,23502,23503,23505,23514,27000,ID001,ID002,ID003,ID004,ID005,54001,0A000}');
 SELECT sqlstate, count(*) FROM hostile_outcomes GROUP BY sqlstate ORDER BY sqlstate;
+-- No message quotes a megabyte back at the log: keys, scopes, steps, paths and names are cut.
+-- (PostgreSQL's own coercion errors quote the value as the statement would: 20 kB for the
+-- 10,000-level array.)
+SELECT n, label, message_length FROM hostile_outcomes WHERE sqlstate <> 'ok' AND message_length > 100000 ORDER BY n;
 -- The ledger holds exactly the claims that answered true, each once: none was lost and none
 -- was left behind by a case that failed.
 SELECT count(*) AS hostile_claims FROM idempotency.ledger WHERE scope_id = idem_scope_id('hostile');
