@@ -174,16 +174,19 @@ pub unsafe fn integer(numeric: pg_sys::Numeric) -> Option<i64> {
 }
 
 /// Whether the jsonb `datum` nests arrays and objects more than `limit` levels deep. A
-/// container takes at least a header and its parent's JEntry, 8 bytes, so a value smaller
-/// than that per level cannot, and is not walked.
+/// container takes at least a header and its parent's JEntry, 8 bytes, so an inline value
+/// smaller than that per level cannot, and is neither copied nor walked: this runs on every
+/// claim with a payload.
 ///
 /// # Safety
 /// `datum` must be a jsonb datum.
 pub unsafe fn nests_deeper_than(datum: pg_sys::Datum, limit: usize) -> bool {
-    let jsonb = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
-    if pgrx::varsize_any(jsonb.cast()) <= 8 * limit {
+    let raw = datum.cast_mut_ptr::<pg_sys::varlena>();
+    let toasted = pgrx::varlena::varatt_is_1b_e(raw) || pgrx::varlena::varatt_is_4b_c(raw);
+    if !toasted && pgrx::varlena::varsize_any(raw) <= 8 * limit {
         return false;
     }
+    let jsonb = pg_sys::pg_detoast_datum(raw).cast::<pg_sys::Jsonb>();
     // JsonbIteratorNext keeps one frame per open container, not one per level of Rust stack.
     let mut iterator = pg_sys::JsonbIteratorInit(&raw mut (*jsonb).root);
     let mut value = pg_sys::JsonbValue::default();
