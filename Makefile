@@ -19,7 +19,7 @@ ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
 CASSERT_MAJOR ?= 15
 
-.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test test-cassert test-pg18 pg18 lint bench bench-scale bench-instructions fuzz-direct clean
+.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test test-cassert test-pg18 pg18 lint bench bench-scale bench-instructions soak fuzz-direct clean
 
 all: install
 
@@ -130,6 +130,12 @@ bench: deps
 	env SERVER_OPTIONS="-c synchronous_commit=off -c autovacuum=off -c listen_addresses=localhost" \
 	  bash tests/own-server.sh $(PG_MAJOR) env PGHOST=localhost bash bench/run.sh
 endif
+
+# Claims, versioned updates, outbox sends and relays on 8 connections and the purge every 5 s
+# for 30 minutes; fails if a backend's memory contexts grow by more than 5 % after a 2-minute
+# warm-up (bench/soak.sh; SOAK_SECONDS, SOAK_WARMUP). make test runs a 2-minute form.
+soak: install
+	$(VIRTUALENV) -o ssl=off bash bench/soak.sh
 
 # The differential tester (tests/differential) for ten minutes from a random seed, which it
 # prints first, so that a failing case replays with --seed S --case I.
