@@ -103,7 +103,8 @@ fi
 # --- 4. the suites (idempotency.direct_writes on, then off, as in `make regress`) ------
 suites() {
   in_cluster env PGXS_TEST="$("$PG_CONFIG" --pkglibdir)/pgxs/src/test" RESULTS_DIR=$CARGO_TARGET_DIR \
-    SKIP_SUITES="$skip" SKIP_WHY="$BUILD has no pg_cron" SERVER_LOG="" bash tests/run-in-cluster.sh |
+    SKIP_SUITES="$skip" SKIP_WHY="$BUILD has no pg_cron" SERVER_LOG="" PG_BINDIR="$PREFIX/bin" \
+    bash tests/run-in-cluster.sh |
     tee "$CARGO_TARGET_DIR/suites.out"
 }
 status=0

@@ -2,11 +2,13 @@
 # Runs every test that needs a server, inside the throwaway cluster that `make test` opens
 # with pg_virtualenv (PGHOST, PGPORT, PGUSER and PGPASSWORD point at it).
 # PGXS_TEST: PostgreSQL's pgxs test directory; REGRESS_TESTS and ISOLATION_TESTS: test names.
-# tests/own-server.sh runs the same suites against a self-built server, with four switches:
+# tests/own-server.sh runs the same suites against a self-built server, with five switches:
 # SKIP_SUITES: names of suites to leave out (a build without pg_cron), SKIP_WHY: why;
 # RESULTS_DIR: where pg_regress writes its output (default target/); SERVER_LOG: the server
 # log the last suite reads for leaks and crashes, by default that of pg_virtualenv's cluster,
-# empty where the caller reads its own (own-server.sh does, also after a failed suite).
+# empty where the caller reads its own (own-server.sh does, also after a failed suite);
+# PG_BINDIR: the build whose binaries tests/crash.sh starts its cluster with (default the
+# system's 15).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RESULTS_DIR=${RESULTS_DIR:-target}
@@ -63,6 +65,9 @@ both_ways isolation "isolation: concurrent sessions, pg_test/isolation/specs -> 
 
 suite client "client-driven tests (several real connections)" \
   cargo test -p idempotency-client-tests -- --test-threads=1
+# On a cluster of its own, since it crashes its server twice; its log has its own sentinel.
+suite crash "crash recovery: SIGKILL between claim and COMMIT, pg_ctl stop -m immediate in a storm" \
+  bash tests/crash.sh
 # The outbox's relay program against the machine's RabbitMQ and NATS: 10,000 messages over 200
 # keys with four relays, one killed mid-stream, and a broker outage through a proxy it cuts.
 suite relay "idempotency-relay end to end (RabbitMQ, NATS JetStream)" \
