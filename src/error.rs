@@ -10,7 +10,7 @@ use std::ffi::{c_char, c_int, CString};
 
 use pgrx::pg_sys;
 
-use crate::postgres::PgError;
+use crate::postgres::{ffi, PgError};
 
 /// The SQLSTATEs this extension raises; tests/sqlstate_table.sh checks that README.md's error table lists each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,16 +224,22 @@ pub const JSONB_DEPTH_LIMIT: usize = 127;
 /// and array elements unchecked, so other encodings' bytes would be read as invalid strings:
 /// a backend crashed on `idem_key` in a SQL_ASCII database), and its [`Check`]s.
 ///
+/// Everything here runs before pgrx's guard, so it calls PostgreSQL only through
+/// [`crate::postgres::ffi`], whose ERRORs jump instead of unwinding, and holds nothing with a
+/// destructor while it may raise.
+///
 /// # Safety
 /// `fcinfo` is the call's, and each check names an argument of the type it reads.
 pub unsafe fn check_arguments(fcinfo: pg_sys::FunctionCallInfo, checks: &[Check]) {
-    if pg_sys::GetDatabaseEncoding() != pg_sys::pg_enc::PG_UTF8 as c_int {
-        let encoding = std::ffi::CStr::from_ptr(pg_sys::GetDatabaseEncodingName()).to_string_lossy().into_owned();
-        raise(
+    if ffi::GetDatabaseEncoding() != pg_sys::pg_enc::PG_UTF8 as c_int {
+        // Built in a block of its own: raise() jumps away, and no String may be left to drop.
+        let error = {
+            let encoding = std::ffi::CStr::from_ptr(ffi::GetDatabaseEncodingName()).to_string_lossy();
             IdemError::new(SqlState::FeatureNotSupported, format!("idempotency needs a UTF8 database, and this one is {encoding}"))
                 .detail("Keys, scopes and payloads are digested as UTF-8 text, so that a key means the same in every database and after every restore.")
-                .hint("Keep the ledger in a database created with ENCODING 'UTF8' (TEMPLATE template0)."),
-        );
+                .hint("Keep the ledger in a database created with ENCODING 'UTF8' (TEMPLATE template0).")
+        };
+        raise(error);
     }
     let args = (*fcinfo).args.as_slice((*fcinfo).nargs as usize);
     let value = |index: usize| args.get(index).filter(|a| !a.isnull).map(|a| a.value);

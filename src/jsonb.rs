@@ -5,6 +5,8 @@
 
 use pgrx::pg_sys;
 
+use crate::postgres::ffi;
+
 use crate::error::{IdemError, Result, SqlState};
 
 /// One top-level member of a jsonb object, borrowed from the detoasted datum.
@@ -179,20 +181,21 @@ pub unsafe fn integer(numeric: pg_sys::Numeric) -> Option<i64> {
 /// claim with a payload.
 ///
 /// # Safety
-/// `datum` must be a jsonb datum.
+/// `datum` must be a jsonb datum. An ERROR jumps out of this function as PostgreSQL's own
+/// do (see [`ffi`]): its caller must hold nothing with a destructor.
 pub unsafe fn nests_deeper_than(datum: pg_sys::Datum, limit: usize) -> bool {
     let raw = datum.cast_mut_ptr::<pg_sys::varlena>();
     let toasted = pgrx::varlena::varatt_is_1b_e(raw) || pgrx::varlena::varatt_is_4b_c(raw);
     if !toasted && pgrx::varlena::varsize_any(raw) <= 8 * limit {
         return false;
     }
-    let jsonb = pg_sys::pg_detoast_datum(raw).cast::<pg_sys::Jsonb>();
+    let jsonb = ffi::pg_detoast_datum(raw).cast::<pg_sys::Jsonb>();
     // JsonbIteratorNext keeps one frame per open container, not one per level of Rust stack.
-    let mut iterator = pg_sys::JsonbIteratorInit(&raw mut (*jsonb).root);
+    let mut iterator = ffi::JsonbIteratorInit(&raw mut (*jsonb).root);
     let mut value = pg_sys::JsonbValue::default();
     let mut depth = 0;
     loop {
-        match pg_sys::JsonbIteratorNext(&mut iterator, &mut value, false) {
+        match ffi::JsonbIteratorNext(&mut iterator, &mut value, false) {
             pg_sys::JsonbIteratorToken::WJB_BEGIN_ARRAY | pg_sys::JsonbIteratorToken::WJB_BEGIN_OBJECT => {
                 depth += 1;
                 if depth > limit {

@@ -118,9 +118,10 @@ unsafe fn text(value: pg_sys::Datum) -> String {
 /// Whether the array `datum` is empty, or one-dimensional with subscripts from 1.
 ///
 /// # Safety
-/// `datum` must be an array datum.
+/// `datum` must be an array datum. An ERROR jumps out as PostgreSQL's own do (see
+/// [`super::ffi`]): the caller must hold nothing with a destructor.
 pub unsafe fn is_one_based_list(datum: pg_sys::Datum) -> bool {
-    let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
+    let array = super::ffi::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
     let dimensions = (*array).ndim;
     // ARR_DIMS follow the header, then ARR_LBOUND: with one dimension, its lower bound is the
     // second int after the header.

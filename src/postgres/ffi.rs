@@ -119,6 +119,15 @@ unguarded! {
 
     fn CopyErrorData() -> *mut ErrorData;
     fn FlushErrorState();
+
+    // The argument checks of the C entry points (crate::error::check_arguments) run before
+    // pgrx's guard: an ERROR there (out of memory, a missing TOAST chunk) must jump as
+    // PostgreSQL's own do, not unwind as a panic into PostgreSQL's frames.
+    fn GetDatabaseEncoding() -> ::core::ffi::c_int;
+    fn GetDatabaseEncodingName() -> *const ::core::ffi::c_char;
+    fn pg_detoast_datum(datum: *mut varlena) -> *mut varlena;
+    fn JsonbIteratorInit(container: *mut JsonbContainer) -> *mut JsonbIterator;
+    fn JsonbIteratorNext(it: *mut *mut JsonbIterator, val: *mut JsonbValue, skipNested: bool) -> JsonbIteratorToken::Type;
 }
 
 unsafe extern "C-unwind" {
