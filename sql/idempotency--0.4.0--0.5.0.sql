@@ -7,9 +7,12 @@
 -- A declared retention is at most 1000 years: the purge and the late-replay guard compute
 -- now() - retention, which leaves the timestamp range near 6700 years, and a scope declared
 -- with more made every purge of the database fail with 22008 from then on. Parts are checked
--- one by one first, since their sum can leave the interval range. A scope name is at most
+-- one by one first, since their sum can leave the interval range, and no field of a part may
+-- be negative: '7000 years -2520000 days' compares equal to zero (months count 30 days), yet
+-- subtracting it from now() takes the 7000 years first. A scope name is at most
 -- 1024 bytes, as a stream's: the scopes table's primary key could not index a longer one.
--- Messages quote at most 64 characters of what they were given, as the functions in C do.
+-- Messages quote at most 64 characters of what they were given, as the functions in C do
+-- (with an ASCII "...": the script and its constants must also parse in other encodings).
 CREATE OR REPLACE FUNCTION idem_declare_scope(
     scope            text,
     broker_retention interval,
@@ -25,6 +28,8 @@ DECLARE
   declared idempotency.scopes;
   part record;
   longest constant interval := '1000 years';
+  -- What messages quote of the scope.
+  shown text := CASE WHEN length(scope) > 64 THEN left(scope, 64) || '...' ELSE scope END;
 BEGIN
   IF scope IS NULL OR late_replay IS NULL THEN
     RAISE EXCEPTION USING ERRCODE = '22004',
@@ -40,25 +45,27 @@ BEGIN
       RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = format('%s must not be NULL', part.name),
         HINT = 'Use ''0'' for a part that does not apply.';
     END IF;
-    IF part.value < interval '0' THEN
-      RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must not be negative, not %s', part.name, part.value);
+    IF part.value < interval '0' OR extract(year FROM part.value) < 0 OR extract(month FROM part.value) < 0
+       OR extract(day FROM part.value) < 0 OR part.value - date_trunc('day', part.value) < interval '0' THEN
+      RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must not be negative, not %s', part.name, part.value),
+        HINT = 'Each of its years, months, days and time must be zero or more.';
     END IF;
     IF part.value > longest THEN
       RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must be at most %s, not %s', part.name, longest, part.value);
     END IF;
   END LOOP;
   IF broker_retention + dlq_retention + replay_window + buffer <= interval '0' THEN
-    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('retention of scope "%s" must be longer than zero', scope);
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('retention of scope "%s" must be longer than zero', shown);
   END IF;
   IF broker_retention + dlq_retention + replay_window + buffer > longest THEN
     RAISE EXCEPTION USING ERRCODE = '22023',
-      MESSAGE = format('retention of scope "%s" must be at most %s, not %s', scope, longest,
+      MESSAGE = format('retention of scope "%s" must be at most %s, not %s', shown, longest,
                        broker_retention + dlq_retention + replay_window + buffer);
   END IF;
   IF late_replay NOT IN ('error', 'warn') THEN
     RAISE EXCEPTION USING ERRCODE = '22023',
       MESSAGE = format('late_replay must be ''error'' or ''warn'', not %L',
-                       CASE WHEN length(late_replay) > 64 THEN left(late_replay, 64) || '…' ELSE late_replay END);
+                       CASE WHEN length(late_replay) > 64 THEN left(late_replay, 64) || '...' ELSE late_replay END);
   END IF;
   INSERT INTO idempotency.scopes AS s
          (scope, scope_id, broker_retention, dlq_retention, replay_window, buffer, late_replay)
@@ -132,7 +139,7 @@ BEGIN
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = '42704',
       MESSAGE = pg_catalog.format('scope "%s" is not declared',
-                                  CASE WHEN length(scope) > 64 THEN left(scope, 64) || '…' ELSE scope END),
+                                  CASE WHEN length(scope) > 64 THEN left(scope, 64) || '...' ELSE scope END),
       HINT = 'Declare it with idem_declare_scope first: a budget belongs to a declared scope.';
   END IF;
   RETURN declared;

@@ -14,8 +14,8 @@ SELECT '(undeclared scopes)', NULL, NULL, NULL, NULL,
 COMMENT ON VIEW idempotency.scope_retention IS 'Each declared scope''s retention, its parts and total, and the default of undeclared scopes.';
 
 -- idem_purge, the batched purge of expired claims (and, from 0.3.0, of sent outbox messages),
--- was defined in sql/idempotency--0.2.0--0.3.0.sql and redefined by every release since; the
--- live definition is the last one, in sql/idempotency--0.4.0--0.5.0.sql.
+-- was defined in sql/idempotency--0.2.0--0.3.0.sql and redefined in
+-- sql/idempotency--0.3.0--0.4.0.sql: the live definition is the last one.
 
 -- A run that was cancelled or failed keeps finished_at NULL; whether it is still running is
 -- told by its backend: alive and executing a purge.

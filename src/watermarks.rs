@@ -252,7 +252,7 @@ fn position(pos: Option<AnyNumeric>) -> Result<AnyNumeric> {
     if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
         return Err(IdemError::new(
             SqlState::InvalidParameterValue,
-            format!("a position must be a whole number from 0 up, not {text}"),
+            format!("a position must be a whole number from 0 up, not {}", crate::digest::abbreviate(&text)),
         )
         .hint("Pass the broker's offset or sequence as it is, or an LSN with idem_watermark_advance_lsn."));
     }

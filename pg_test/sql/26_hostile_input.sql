@@ -361,6 +361,9 @@ SELECT h.* FROM (VALUES
   -- now() - retention must stay a timestamp, or every purge of the database would fail.
   ('idem_declare_scope: 10000 years', $$SELECT retention FROM idem_declare_scope('hostile-declared', '10000 years')$$),
   ('idem_declare_scope: parts past the interval range', $$SELECT retention FROM idem_declare_scope('hostile-declared', '178000000 years', '178000000 years')$$),
+  -- Months count 30 days in a comparison, but now() - retention takes them first.
+  ('idem_declare_scope: a negative field', $$SELECT retention FROM idem_declare_scope('hostile-declared', '7000 years -2520000 days')$$),
+  ('idem_declare_scope: negative hours', $$SELECT retention FROM idem_declare_scope('hostile-declared', '2 days -1 hour')$$),
   ('idem_declare_scope: 1000 years in all', $$SELECT retention FROM idem_declare_scope('hostile-declared', '999 years', buffer => '1 year')$$),
   ('idem_declare_scope: 1000 years and a day', $$SELECT retention FROM idem_declare_scope('hostile-declared', '1000 years')$$),
   ('idem_declare_scope: 1 MB scope', $$SELECT retention FROM idem_declare_scope(repeat('s', 1048576), '1 day')$$),
@@ -567,6 +570,17 @@ SELECT h.* FROM (VALUES
   ('idem_call_confirm: response 128 deep', $$SELECT idem_call_confirm('n-3', 'hostile', 'charge', hostile_nest(128))$$),
   ('idem_call_resolve: response 128 deep', $$SELECT idem_call_resolve('n-3', 'hostile', 'charge', true, hostile_nest(128))$$)
 ) AS c(label, statement), LATERAL hostile(c.label, c.statement) AS h;
+-- A payload read from a table may be compressed or stored out of line: measured all the same.
+CREATE TABLE hostile_stored (storage text, payload jsonb);
+INSERT INTO hostile_stored VALUES ('compressed', hostile_nest(5000));
+ALTER TABLE hostile_stored ALTER COLUMN payload SET STORAGE EXTERNAL;
+INSERT INTO hostile_stored VALUES ('external', hostile_nest(5000));
+SELECT storage, pg_column_compression(payload) IS NOT NULL AS compressed FROM hostile_stored ORDER BY storage;
+SELECT h.* FROM hostile_stored AS s,
+  LATERAL hostile('idem_claim: 5000 deep, ' || s.storage,
+                  format($$SELECT idem_claim('n-2', 'hostile', payload) FROM hostile_stored WHERE storage = %L$$, s.storage)) AS h
+ORDER BY s.storage;
+DROP TABLE hostile_stored;
 -- Nothing was claimed by the refused calls.
 SELECT count(*) AS refused_keys_claimed FROM idempotency.ledger WHERE key_digest = idem_digest('n-2', 'hostile');
 SELECT idem_claim('fresh-after-nesting', 'hostile') AS still_claims;

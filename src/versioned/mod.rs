@@ -121,7 +121,10 @@ impl Table {
 
     fn get(&self, column: &str) -> Result<&Column> {
         self.columns.get(column).ok_or_else(|| {
-            IdemError::new(SqlState::UndefinedColumn, format!("column \"{column}\" of {} does not exist", self.name))
+            IdemError::new(
+                SqlState::UndefinedColumn,
+                format!("column \"{}\" of {} does not exist", crate::digest::abbreviate(column), self.name),
+            )
         })
     }
 

@@ -7,6 +7,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::thread;
+use std::time::Duration;
 
 use postgres::Client;
 
@@ -138,6 +139,7 @@ fn work(db: &TestDb, worker: usize, start: &Barrier) -> Committed {
     // second before the detector runs would make the storm a queue.
     ok(c.batch_execute("SET deadlock_timeout = '20ms'"), "SET deadlock_timeout");
     let mut committed = Committed::default();
+    let mut backoff = Lcg::new(0xBAC0_0000 + worker as u64);
     start.wait();
     for (t, batch) in batches(worker).into_iter().enumerate() {
         loop {
@@ -156,6 +158,9 @@ fn work(db: &TestDb, worker: usize, start: &Barrier) -> Committed {
                     ok(c.batch_execute("ROLLBACK"), "ROLLBACK after a serialization failure");
                     committed.retries += 1;
                     assert!(committed.retries < 500, "worker {worker} ({isolation}) keeps failing: {}", describe(&e));
+                    // A few milliseconds apart, as a broker's redelivery would be: retrying at
+                    // once only meets the same writers again, longer on a slower build.
+                    thread::sleep(Duration::from_millis(1 + backoff.below(8)));
                 }
                 Err(e) => panic!("worker {worker} ({isolation}), transaction {t}: {}", describe(&e)),
             }
