@@ -28,6 +28,7 @@ DECLARE
   declared idempotency.scopes;
   part record;
   longest constant interval := '1000 years';
+  total interval;
   -- What messages quote of the scope.
   shown text := CASE WHEN length(scope) > 64 THEN left(scope, 64) || '...' ELSE scope END;
 BEGIN
@@ -45,7 +46,8 @@ BEGIN
       RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = format('%s must not be NULL', part.name),
         HINT = 'Use ''0'' for a part that does not apply.';
     END IF;
-    IF part.value < interval '0' OR extract(year FROM part.value) < 0 OR extract(month FROM part.value) < 0
+    -- A part with no negative field is never below zero, whatever its total.
+    IF extract(year FROM part.value) < 0 OR extract(month FROM part.value) < 0
        OR extract(day FROM part.value) < 0 OR part.value - date_trunc('day', part.value) < interval '0' THEN
       RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must not be negative, not %s', part.name, part.value),
         HINT = 'Each of its years, months, days and time must be zero or more.';
@@ -54,13 +56,13 @@ BEGIN
       RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must be at most %s, not %s', part.name, longest, part.value);
     END IF;
   END LOOP;
-  IF broker_retention + dlq_retention + replay_window + buffer <= interval '0' THEN
+  total := broker_retention + dlq_retention + replay_window + buffer;
+  IF total <= interval '0' THEN
     RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('retention of scope "%s" must be longer than zero', shown);
   END IF;
-  IF broker_retention + dlq_retention + replay_window + buffer > longest THEN
+  IF total > longest THEN
     RAISE EXCEPTION USING ERRCODE = '22023',
-      MESSAGE = format('retention of scope "%s" must be at most %s, not %s', shown, longest,
-                       broker_retention + dlq_retention + replay_window + buffer);
+      MESSAGE = format('retention of scope "%s" must be at most %s, not %s', shown, longest, total);
   END IF;
   IF late_replay NOT IN ('error', 'warn') THEN
     RAISE EXCEPTION USING ERRCODE = '22023',

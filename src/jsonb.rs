@@ -5,9 +5,8 @@
 
 use pgrx::pg_sys;
 
-use crate::postgres::ffi;
-
 use crate::error::{IdemError, Result, SqlState};
+use crate::postgres::ffi;
 
 /// One top-level member of a jsonb object, borrowed from the detoasted datum.
 pub struct Member<'a> {
