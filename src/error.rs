@@ -44,6 +44,9 @@ pub enum SqlState {
     FeatureNotSupported,
     /// 54001: a jsonb argument nests deeper than the extension reads.
     StatementTooComplex,
+    /// XX001: a jsonb argument whose lengths point outside it, which PostgreSQL's own
+    /// functions never make; the in-place reader refuses it rather than read past it.
+    DataCorrupted,
     /// ID001: the key was claimed before with a different payload, or a message id was sent
     /// before with another message.
     PayloadMismatch,
@@ -75,6 +78,7 @@ impl SqlState {
             SqlState::DatatypeMismatch => b"42804",
             SqlState::FeatureNotSupported => b"0A000",
             SqlState::StatementTooComplex => b"54001",
+            SqlState::DataCorrupted => b"XX001",
             SqlState::PayloadMismatch => b"ID001",
             SqlState::KeyMissingFromPayload => b"ID002",
             SqlState::NotClaimed => b"ID003",

@@ -1,8 +1,10 @@
 //! Reading the top level of a jsonb object in place: versioned writes pick their cached
 //! plan by the key names alone, and each value stays a JsonbValue borrowed from the datum
-//! until it is coerced into its column's type. This runs on every versioned write, so it
-//! reads jsonb's documented container format directly instead of driving JsonbIterator.
+//! until it is coerced into its column's type. This runs on every versioned write, so
+//! idempotency-core reads jsonb's container format from the datum's bytes (and is fuzzed
+//! there); this module is where a datum becomes those bytes and its members JsonbValues.
 
+use idempotency_core::jsonb::{self as format, Error, Value};
 use pgrx::pg_sys;
 
 use crate::error::{IdemError, Result, SqlState};
@@ -16,47 +18,13 @@ pub struct Member<'a> {
     pub value: pg_sys::JsonbValue,
 }
 
-// jsonb's on-disk layout (utils/jsonb.h), which PostgreSQL keeps stable across releases: a
-// container header with the member count and kind, then a JEntry per key and per value,
-// then their data.
-const JB_CMASK: u32 = 0x0FFF_FFFF;
-const JB_FOBJECT: u32 = 0x2000_0000;
-const JENTRY_OFFLENMASK: u32 = 0x0FFF_FFFF;
-const JENTRY_TYPEMASK: u32 = 0x7000_0000;
-const JENTRY_HAS_OFF: u32 = 0x8000_0000;
-const JENTRY_ISSTRING: u32 = 0x0000_0000;
-const JENTRY_ISNUMERIC: u32 = 0x1000_0000;
-const JENTRY_ISBOOL_FALSE: u32 = 0x2000_0000;
-const JENTRY_ISBOOL_TRUE: u32 = 0x3000_0000;
-const JENTRY_ISNULL: u32 = 0x4000_0000;
-
-/// Where child `index` starts in the container's data: JEntries hold either a length or, every
-/// few entries, an end offset (getJsonbOffset).
-unsafe fn offset(children: *const u32, index: usize) -> usize {
-    let mut offset = 0;
-    for i in (0..index).rev() {
-        let entry = *children.add(i);
-        offset += (entry & JENTRY_OFFLENMASK) as usize;
-        if entry & JENTRY_HAS_OFF != 0 {
-            break;
-        }
-    }
-    offset
-}
-
-/// getJsonbLength.
-unsafe fn length(children: *const u32, index: usize, start: usize) -> usize {
-    let entry = *children.add(index);
-    let field = (entry & JENTRY_OFFLENMASK) as usize;
-    if entry & JENTRY_HAS_OFF != 0 {
-        field - start
-    } else {
-        field
-    }
-}
-
-const fn int_align(n: usize) -> usize {
-    (n + 3) & !3
+/// The bytes of a varlena that is not toasted, and the PostgreSQL pointer they start at.
+///
+/// # Safety
+/// `varlena` must point to a varlena with a 1-byte or an uncompressed 4-byte header that
+/// outlives `'a`.
+unsafe fn bytes<'a>(varlena: *const pg_sys::varlena) -> &'a [u8] {
+    std::slice::from_raw_parts(varlena.cast::<u8>(), pgrx::varlena::varsize_any(varlena))
 }
 
 /// The members of a jsonb object in jsonb's own key order (stable for a given key set), read
@@ -67,111 +35,56 @@ const fn int_align(n: usize) -> usize {
 pub unsafe fn object_members<'a>(datum: pg_sys::Datum, argument: &str) -> Result<Vec<Member<'a>>> {
     // pg_detoast_datum's own test, without a call for the plain values arguments usually are.
     let varlena = datum.cast_mut_ptr::<pg_sys::varlena>();
-    let jsonb = if pgrx::varlena::varatt_is_4b_u(varlena) { varlena } else { pg_sys::pg_detoast_datum(varlena) }
-        as *mut pg_sys::Jsonb;
-    let root = &raw const (*jsonb).root;
-    let header = (*root).header;
-    if header & JB_FOBJECT == 0 {
-        return Err(IdemError::new(SqlState::InvalidParameterValue, format!("{argument} must be a JSON object")));
-    }
-    let pairs = (header & JB_CMASK) as usize;
-    let children = (*root).children.as_ptr();
-    let data = children.add(2 * pairs) as *const u8;
-    let mut members = Vec::with_capacity(pairs);
-    for i in 0..pairs {
-        let key_start = offset(children, i);
-        let key = std::slice::from_raw_parts(data.add(key_start), length(children, i, key_start));
-        let name = std::str::from_utf8(key).map_err(|_| {
-            IdemError::new(SqlState::InvalidParameterValue, format!("{argument} has a key that is not UTF-8"))
-        })?;
-        let index = pairs + i;
-        let entry = *children.add(index);
-        let start = offset(children, index);
-        let mut value: pg_sys::JsonbValue = std::mem::zeroed();
-        match entry & JENTRY_TYPEMASK {
-            JENTRY_ISNULL => value.type_ = pg_sys::jbvType::jbvNull,
-            JENTRY_ISSTRING => {
-                value.type_ = pg_sys::jbvType::jbvString;
-                value.val.string.val = data.add(start) as *mut std::ffi::c_char;
-                value.val.string.len = length(children, index, start) as i32;
-            }
-            JENTRY_ISNUMERIC => {
-                value.type_ = pg_sys::jbvType::jbvNumeric;
-                value.val.numeric = data.add(int_align(start)) as pg_sys::Numeric;
-            }
-            JENTRY_ISBOOL_FALSE | JENTRY_ISBOOL_TRUE => {
-                value.type_ = pg_sys::jbvType::jbvBool;
-                value.val.boolean = entry & JENTRY_TYPEMASK == JENTRY_ISBOOL_TRUE;
-            }
-            _ => {
-                value.type_ = pg_sys::jbvType::jbvBinary;
-                value.val.binary.data = data.add(int_align(start)) as *mut pg_sys::JsonbContainer;
-                value.val.binary.len = (length(children, index, start) - (int_align(start) - start)) as i32;
-            }
+    let jsonb = if pgrx::varlena::varatt_is_4b_u(varlena) { varlena } else { pg_sys::pg_detoast_datum(varlena) };
+    // A detoasted jsonb has a 4-byte header, then its root container.
+    let root = &bytes(jsonb)[pg_sys::VARHDRSZ..];
+    let members = format::object_members(root).map_err(|error| match error {
+        Error::NotObject => {
+            IdemError::new(SqlState::InvalidParameterValue, format!("{argument} must be a JSON object"))
         }
-        members.push(Member { name, is_null: value.type_ == pg_sys::jbvType::jbvNull, value });
-    }
-    Ok(members)
+        Error::KeyNotUtf8 => {
+            IdemError::new(SqlState::InvalidParameterValue, format!("{argument} has a key that is not UTF-8"))
+        }
+        Error::Corrupt => IdemError::new(SqlState::DataCorrupted, format!("{argument} is a corrupt jsonb value")),
+    })?;
+    Ok(members
+        .into_iter()
+        .map(|member| {
+            let mut value = pg_sys::JsonbValue::default();
+            match member.value {
+                Value::Null => value.type_ = pg_sys::jbvType::jbvNull,
+                Value::String(text) => {
+                    value.type_ = pg_sys::jbvType::jbvString;
+                    value.val.string.val = text.as_ptr().cast_mut().cast();
+                    value.val.string.len = text.len() as i32;
+                }
+                Value::Numeric(numeric) => {
+                    value.type_ = pg_sys::jbvType::jbvNumeric;
+                    value.val.numeric = numeric.as_ptr().cast_mut().cast();
+                }
+                Value::Bool(boolean) => {
+                    value.type_ = pg_sys::jbvType::jbvBool;
+                    value.val.boolean = boolean;
+                }
+                Value::Container(container) => {
+                    value.type_ = pg_sys::jbvType::jbvBinary;
+                    value.val.binary.data = container.as_ptr().cast_mut().cast();
+                    value.val.binary.len = container.len() as i32;
+                }
+            }
+            Member { name: member.name, is_null: matches!(member.value, Value::Null), value }
+        })
+        .collect())
 }
 
-// numeric's on-disk header (utils/adt/numeric.c), as stable as jsonb's: a short header packs
-// sign, display scale and weight into 16 bits; a long one has a 16-bit sign and scale, then a
-// 16-bit weight. Digits are base-10000 int16s, the first one weighing 10000^weight.
-const NUMERIC_SIGN_MASK: u16 = 0xC000;
-const NUMERIC_NEG: u16 = 0x4000;
-const NUMERIC_SHORT: u16 = 0x8000;
-const NUMERIC_SPECIAL: u16 = 0xC000;
-const NUMERIC_SHORT_SIGN_MASK: u16 = 0x2000;
-const NUMERIC_SHORT_DSCALE_MASK: u16 = 0x1F80;
-const NUMERIC_SHORT_DSCALE_SHIFT: u16 = 7;
-const NUMERIC_SHORT_WEIGHT_SIGN_MASK: u16 = 0x0040;
-const NUMERIC_SHORT_WEIGHT_MASK: u16 = 0x003F;
-const NUMERIC_DSCALE_MASK: u16 = 0x3FFF;
-const NBASE: i128 = 10_000;
-
-/// A JSON number as an i64 when its text is an integer: no fraction digits ("5", not "5.0",
-/// which an integer type's input function refuses) and within i64. Read from the numeric's
-/// bytes, where printing it and parsing the text again would cost more than the write.
+/// A JSON number as an i64 when its text is an integer (see [`format::integer`]): read from
+/// the numeric's bytes, where printing it and parsing the text again would cost more than the
+/// write.
 ///
 /// # Safety
-/// `numeric` must point to a numeric value (a jsonb number, for instance).
+/// `numeric` must point to a numeric value that is not toasted (a jsonb number, for instance).
 pub unsafe fn integer(numeric: pg_sys::Numeric) -> Option<i64> {
-    let varlena = numeric as *const pg_sys::varlena;
-    let data = pgrx::varlena::vardata_any(varlena) as *const u8;
-    let size = pgrx::varlena::varsize_any_exhdr(varlena);
-    let word = |at: usize| std::ptr::read_unaligned(data.add(at) as *const u16);
-    let header = word(0);
-    let (negative, scale, weight, digits_at) = match header & NUMERIC_SIGN_MASK {
-        NUMERIC_SPECIAL => return None,
-        NUMERIC_SHORT => {
-            let weight = header & NUMERIC_SHORT_WEIGHT_MASK;
-            let sign_extended =
-                if header & NUMERIC_SHORT_WEIGHT_SIGN_MASK != 0 { weight | !NUMERIC_SHORT_WEIGHT_MASK } else { weight };
-            (
-                header & NUMERIC_SHORT_SIGN_MASK != 0,
-                (header & NUMERIC_SHORT_DSCALE_MASK) >> NUMERIC_SHORT_DSCALE_SHIFT,
-                sign_extended as i16,
-                2,
-            )
-        }
-        sign => (sign == NUMERIC_NEG, header & NUMERIC_DSCALE_MASK, word(2) as i16, 4),
-    };
-    let digits = (size - digits_at) / 2;
-    if scale != 0 {
-        return None;
-    }
-    if digits == 0 {
-        return Some(0);
-    }
-    // 10000^5 exceeds i64, and a digit past the units digit would be a fraction.
-    if !(0..5).contains(&weight) || digits > weight as usize + 1 {
-        return None;
-    }
-    let magnitude = (0..=weight as usize).fold(0i128, |value, i| {
-        let digit = if i < digits { word(digits_at + 2 * i) as i16 } else { 0 };
-        value * NBASE + i128::from(digit)
-    });
-    i64::try_from(if negative { -magnitude } else { magnitude }).ok()
+    format::integer(bytes(numeric.cast()))
 }
 
 /// Whether the jsonb `datum` nests arrays and objects more than `limit` levels deep. A
@@ -359,6 +272,136 @@ mod tests {
             let IdemError::Own(report) = error else { panic!("an own error") };
             assert_eq!(report.state, SqlState::InvalidParameterValue);
             assert_eq!(report.message, "key must be a JSON object");
+        }
+    }
+
+    /// SplitMix64: random documents that replay from the seed a failure prints.
+    struct Random(u64);
+
+    impl Random {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+
+        /// `least` digits and up to `more` others.
+        fn digits(&mut self, least: u64, more: u64) -> String {
+            let n = least + self.below(more);
+            (0..n).map(|_| char::from(b'0' + self.below(10) as u8)).collect()
+        }
+
+        /// Numbers as JSON allows them, weighted to the unusual: huge, tiny, exponents,
+        /// trailing zeros, negative zero, the edges of i64.
+        fn number(&mut self) -> String {
+            let sign = if self.below(2) == 0 { "-" } else { "" };
+            match self.below(8) {
+                0 => format!("{sign}{}", self.below(100_000)),
+                1 => format!(
+                    "{sign}{}",
+                    ["9223372036854775807", "9223372036854775808", "0", "0.0"][self.below(4) as usize]
+                ),
+                2 => format!("{sign}1{}", self.digits(0, 40)),
+                3 => format!("{sign}{}.{}", self.below(1000), self.digits(1, 20)),
+                4 => format!("{sign}{}e{}{}", self.below(100), ["", "+", "-"][self.below(3) as usize], self.below(40)),
+                5 => format!("{sign}0.{}1e-{}", "0".repeat(self.below(30) as usize), self.below(300)),
+                6 => format!("{sign}1{}", self.digits(500, 2000)),
+                _ => format!("{sign}{}.{}e{}", self.below(10), self.digits(1, 12), self.below(25)),
+            }
+        }
+
+        fn string(&mut self) -> String {
+            let alphabet =
+                ["a", "Z", "0", " ", "\\\"", "\\\\", "\\n", "\\u00e9", "\\ud83d\\ude00", "ü", "|", "#", "'", ";", "--"];
+            let len = match self.below(10) {
+                0 => 0,
+                1 => 2_000 + self.below(120_000),
+                _ => self.below(12),
+            };
+            let mut text = String::from('"');
+            while text.len() < len as usize + 1 {
+                text.push_str(alphabet[self.below(alphabet.len() as u64) as usize]);
+            }
+            text.push('"');
+            text
+        }
+
+        fn value(&mut self, depth: u32) -> String {
+            match self.below(if depth == 0 { 5 } else { 7 }) {
+                0 => "null".into(),
+                1 => ["true", "false"][self.below(2) as usize].into(),
+                2 => self.string(),
+                3 | 4 => self.number(),
+                5 => {
+                    let items: Vec<String> = (0..self.below(5)).map(|_| self.value(depth - 1)).collect();
+                    format!("[{}]", items.join(","))
+                }
+                _ => self.object(depth - 1),
+            }
+        }
+
+        /// Up to 80 members, some of them repeated keys, so that the offset stride is crossed.
+        fn object(&mut self, depth: u32) -> String {
+            let count = if self.below(4) == 0 { 30 + self.below(50) } else { self.below(8) };
+            let members: Vec<String> = (0..count)
+                .map(|_| {
+                    let key = if self.below(5) == 0 { format!("\"k{}\"", self.below(4)) } else { self.string() };
+                    format!("{key}:{}", self.value(depth))
+                })
+                .collect();
+            format!("{{{}}}", members.join(","))
+        }
+
+        /// A value nested `levels` deep: the reader sees only the outermost container.
+        fn deep(&mut self, levels: u64) -> String {
+            let mut text = self.number();
+            for _ in 0..levels {
+                text = if self.below(2) == 0 { format!("[{text}]") } else { format!("{{\"d\":{text}}}") };
+            }
+            text
+        }
+    }
+
+    /// The property the fixed cases above sample: for random objects, with huge, unusual and
+    /// deeply nested values, the in-place reader sees exactly what jsonb_each sees, and a
+    /// number it reads as an integer prints as that integer. RUST_PROPERTY_CASES sets the count
+    /// (`make fuzz` raises it), RUST_PROPERTY_SEED the first seed: pgrx's test runner passes
+    /// only CARGO* and RUST* variables through sudo to the server.
+    #[pg_test]
+    fn random_objects_read_as_jsonb_each_reads_them() {
+        let setting =
+            |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        let cases = setting("RUST_PROPERTY_CASES", 200);
+        let first = setting("RUST_PROPERTY_SEED", 0x1DE4_7E57);
+        for seed in first..first + cases {
+            let mut random = Random(seed);
+            let mut text = random.object(3);
+            if random.below(4) == 0 {
+                let levels = 100 + random.below(3000);
+                text = format!("{{\"deep\":{},{}", random.deep(levels), &text[1..]).replace(",}", "}");
+            }
+            let case = || {
+                let read = read(&text);
+                assert_eq!(read, expected(&text), "seed {seed}");
+                // SAFETY: jsonb() returns a jsonb datum of the current memory context.
+                let members = unsafe { object_members(jsonb(&text), "test").unwrap() };
+                for (member, described) in members.iter().zip(&read) {
+                    if let Some(printed) = described.strip_prefix(&format!("{}=number:", member.name)) {
+                        // SAFETY: the member is jbvNumeric, so val.numeric is the union member set.
+                        let integer = unsafe { integer(member.value.val.numeric) };
+                        assert_eq!(integer, printed.parse::<i64>().ok(), "seed {seed}: {printed}");
+                    }
+                }
+            };
+            // SAFETY: the case's datums live in a context of its own, deleted after it, so
+            // that a long run keeps none; nothing the case makes outlives it.
+            unsafe { pgrx::PgMemoryContexts::new("property case").switch_to(|_| case()) }
         }
     }
 }

@@ -1,35 +1,17 @@
-//! Deterministic keys. A key must name the fact a message carries, never the delivery: the
-//! same inputs give the same key in every session and every release (the formats below are
-//! a compatibility promise), and nothing random ever enters one.
+//! Deterministic keys from SQL: the formats themselves live in idempotency-core's `keys`,
+//! where they are fuzzed; here are the arguments, their types and their errors.
 
+use std::borrow::Cow;
+
+use idempotency_core::keys::{child_key as join_child, join_parts as join, key_part, lookup, utc_text, uuid_text};
 use pgrx::prelude::*;
-use serde_json::Value;
 
-use crate::digest::{abbreviate, parse_key, write_canonical};
+use crate::digest::{abbreviate, parse_key};
 use crate::error::{required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::args::{variadic_any, Part};
 
-/// Joins parts with '|' after escaping '\' and '|' with a backslash, so the encoding is
-/// injective: idem_key('a|b','c') and idem_key('a','b|c') differ, and it stays readable.
-fn join_parts<'a>(parts: impl IntoIterator<Item = Result<std::borrow::Cow<'a, str>>>) -> Result<String> {
-    let mut key = String::new();
-    let mut count = 0;
-    for part in parts {
-        if count > 0 {
-            key.push('|');
-        }
-        for ch in part?.chars() {
-            if ch == '\\' || ch == '|' {
-                key.push('\\');
-            }
-            key.push(ch);
-        }
-        count += 1;
-    }
-    if count == 0 {
-        return Err(IdemError::new(SqlState::InvalidParameterValue, "a key needs at least one part"));
-    }
-    Ok(key)
+fn join_parts<'a>(parts: impl IntoIterator<Item = Result<Cow<'a, str>>>) -> Result<String> {
+    join(parts)?.ok_or_else(|| IdemError::new(SqlState::InvalidParameterValue, "a key needs at least one part"))
 }
 
 fn business_key(parts: Option<Array<'_, &str>>) -> Result<String> {
@@ -51,7 +33,7 @@ fn any_key(parts: Option<Vec<Part>>) -> Result<String> {
     join_parts(parts.into_iter().enumerate().map(|(i, part)| part_text(i, part)))
 }
 
-fn part_text(i: usize, part: Part) -> Result<std::borrow::Cow<'static, str>> {
+fn part_text(i: usize, part: Part) -> Result<Cow<'static, str>> {
     Ok(match part {
         Part::Null => return Err(null_part(i)),
         Part::Text(text) | Part::Numeric(text) => text.into(),
@@ -69,103 +51,36 @@ fn part_text(i: usize, part: Part) -> Result<std::borrow::Cow<'static, str>> {
     })
 }
 
-/// The canonical lowercase form uuid_out writes.
-fn uuid_text(bytes: &[u8; 16]) -> String {
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
-}
-
-/// ISO 8601 in UTC with microseconds, `2024-01-02T03:04:05.000000Z`, whatever TimeZone and
-/// DateStyle say. Years outside 0000–9999 get a sign and at least four digits (ISO 8601's
-/// expanded form; year 0 is 1 BC), and the infinities keep PostgreSQL's names.
-fn utc_text(micros: i64) -> String {
-    const DAY: i64 = 86_400_000_000;
-    match micros {
-        i64::MIN => return "-infinity".into(),
-        i64::MAX => return "infinity".into(),
-        _ => {}
-    }
-    let (days, time) = (micros.div_euclid(DAY), micros.rem_euclid(DAY));
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's days_from_civil, inverted).
-    let z = days + 10_957 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let year = if (0..=9999).contains(&year) { format!("{year:04}") } else { format!("{year:+05}") };
-    let seconds = time / 1_000_000;
-    format!(
-        "{year}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        seconds / 3600,
-        seconds / 60 % 60,
-        seconds % 60,
-        time % 1_000_000
-    )
-}
-
 fn child_key(parent: Option<&str>, position: Option<i32>) -> Result<String> {
     let parent = parse_key(parent, "parent")?;
     let position = required(position, "position")?;
-    if position < 0 {
-        return Err(IdemError::new(
-            SqlState::InvalidParameterValue,
-            format!("position must be zero or more, not {position}"),
-        ));
-    }
-    // The position is digits only, so the last '#' always separates it from the parent.
-    Ok(format!("{parent}#{position}"))
+    let position = u32::try_from(position).map_err(|_| {
+        IdemError::new(SqlState::InvalidParameterValue, format!("position must be zero or more, not {position}"))
+    })?;
+    Ok(join_child(parent, position))
 }
 
 fn payload_key(payload: Option<pgrx::JsonB>, paths: Option<Array<'_, &str>>) -> Result<String> {
     let payload = required(payload, "payload")?.0;
     let paths = required(paths, "paths")?;
-    let parts: Vec<Result<std::borrow::Cow<'_, str>>> = paths
+    let parts: Vec<Result<Cow<'_, str>>> = paths
         .iter()
         .map(|path| {
             let path = required(path, "path")?;
-            key_part(lookup(&payload, path)?).map(Into::into)
+            if path.is_empty() {
+                return Err(IdemError::new(SqlState::InvalidParameterValue, "path must not be empty"));
+            }
+            let value = lookup(&payload, path).ok_or_else(|| {
+                IdemError::new(
+                    SqlState::KeyMissingFromPayload,
+                    format!("payload has no value at \"{}\"", abbreviate(path)),
+                )
+                .hint("The key cannot be derived, so the message cannot be deduplicated; reject it or send it to the DLQ.")
+            })?;
+            Ok(key_part(value).into())
         })
         .collect();
     join_parts(parts)
-}
-
-/// Follows a dotted path; a segment of digits indexes an array.
-fn lookup<'v>(payload: &'v Value, path: &str) -> Result<&'v Value> {
-    if path.is_empty() {
-        return Err(IdemError::new(SqlState::InvalidParameterValue, "path must not be empty"));
-    }
-    let missing = || {
-        IdemError::new(SqlState::KeyMissingFromPayload, format!("payload has no value at \"{}\"", abbreviate(path)))
-            .hint("The key cannot be derived, so the message cannot be deduplicated; reject it or send it to the DLQ.")
-    };
-    let mut at = payload;
-    for segment in path.split('.') {
-        at = match at {
-            Value::Object(map) => map.get(segment),
-            Value::Array(items) => segment.parse::<usize>().ok().and_then(|i| items.get(i)),
-            _ => None,
-        }
-        .ok_or_else(missing)?;
-    }
-    if at.is_null() {
-        return Err(missing());
-    }
-    Ok(at)
-}
-
-fn key_part(value: &Value) -> Result<String> {
-    Ok(match value {
-        Value::String(s) => s.clone(),
-        other => {
-            let mut text = String::new();
-            write_canonical(other, &mut text);
-            text
-        }
-    })
 }
 
 #[pg_extern(sql = false)]
@@ -211,27 +126,6 @@ sqlstate_entry!(
 #[pgrx::pg_schema]
 mod tests {
     use super::*;
-
-    fn key(parts: &[&str]) -> String {
-        join_parts(parts.iter().map(|p| Ok(std::borrow::Cow::Borrowed(*p)))).unwrap()
-    }
-
-    #[pg_test]
-    fn part_boundaries_never_collide() {
-        assert_ne!(key(&["a|b", "c"]), key(&["a", "b|c"]));
-        assert_ne!(key(&["a\\", "b"]), key(&["a", "\\b"]));
-        assert_ne!(key(&["a", ""]), key(&["a"]));
-        assert_eq!(key(&["order", "42", "paid"]), "order|42|paid");
-    }
-
-    #[pg_test]
-    fn timestamps_are_utc_with_microseconds_across_day_and_era_boundaries() {
-        assert_eq!(utc_text(0), "2000-01-01T00:00:00.000000Z");
-        assert_eq!(utc_text(-1), "1999-12-31T23:59:59.999999Z");
-        assert_eq!(utc_text(5_097_600_000_000), "2000-02-29T00:00:00.000000Z");
-        assert_eq!(utc_text(i64::MAX), "infinity");
-        assert_eq!(uuid_text(&[0xAB; 16]), "abababab-abab-abab-abab-abababababab");
-    }
 
     #[pg_test]
     fn child_keys_put_the_position_last() {
