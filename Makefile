@@ -9,6 +9,7 @@ PG_CONFIG     ?= /usr/lib/postgresql/$(SYSTEM_MAJOR)/bin/pg_config
 PG_MAJOR      ?= $(SYSTEM_MAJOR)
 PG18_PREFIX   := $(shell bash tools/pg-build.sh --prefix 18)
 PGRX_VERSION  := 0.18.1
+CARGO_FUZZ_VERSION := 0.13.2
 PGXS_TEST     = $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)/pgxs/src/test
 APT_PACKAGES  := postgresql-$(SYSTEM_MAJOR) postgresql-server-dev-$(SYSTEM_MAJOR) postgresql-$(SYSTEM_MAJOR)-cron postgresql-$(SYSTEM_MAJOR)-pgaudit \
                  postgresql-contrib libclang-dev sudo pkg-config
@@ -19,7 +20,7 @@ ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/isolation/specs
 PGRX_TEST_DIR ?= /tmp/idempotency-pgrx-test
 CASSERT_MAJOR ?= 15
 
-.PHONY: all deps apt-deps cargo-pgrx pgrx-init install demo test regress pgrx-test test-cassert test-pg18 pg18 lint bench bench-scale bench-instructions soak fuzz-direct clean
+.PHONY: all deps apt-deps cargo-pgrx cargo-fuzz pgrx-init install demo test regress pgrx-test core-test fuzz-short test-cassert test-pg18 pg18 lint bench bench-scale bench-instructions soak fuzz fuzz-direct clean
 
 all: install
 
@@ -38,6 +39,13 @@ apt-deps:
 cargo-pgrx:
 	@if ! cargo pgrx --version 2>/dev/null | grep -q ' $(PGRX_VERSION)$$'; then \
 	  cargo install cargo-pgrx --version $(PGRX_VERSION) --locked; \
+	fi
+
+# libFuzzer's driver for fuzz/ (about two minutes to build); it works on the stable toolchain
+# with --sanitizer none.
+cargo-fuzz:
+	@if ! cargo fuzz --version 2>/dev/null | grep -q ' $(CARGO_FUZZ_VERSION)$$'; then \
+	  cargo install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked; \
 	fi
 
 # pgrx only needs to know the system pg_config, and 18's once it is built (`make pg18`);
@@ -73,7 +81,9 @@ demo: install
 # README's SQLSTATE table against the raise sites, and the leak sentinel against sample logs.
 lint: deps pg18
 	cargo fmt --all --check
+	cargo fmt --manifest-path fuzz/Cargo.toml --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 	cargo clippy -p idempotency --no-default-features --features pg18 --all-targets -- -D warnings
 	bash tools/check-released.sh
 	env PG_CONFIG=$(PG_CONFIG) bash tests/sqlstate_table.sh
@@ -82,7 +92,16 @@ lint: deps pg18
 # --- tests -----------------------------------------------------------------------------
 # pgrx-test installs its own debug build system-wide, so it runs first and `regress`
 # reinstalls the release build. test-pg18 touches only its own prefix.
-test: pgrx-test regress test-pg18
+test: core-test fuzz-short pgrx-test regress test-pg18
+
+# The pgrx-free core (core/): its unit tests and its properties (proptest) at their default
+# case count; `make fuzz` runs them at a hundred times that.
+core-test:
+	cargo test --release -p idempotency-core
+
+# Each in-process fuzz target of fuzz/ for FUZZ_SECONDS (10 here; `make fuzz` runs them longer).
+fuzz-short: cargo-fuzz
+	env FUZZ_SECONDS=$${FUZZ_SECONDS:-10} bash tests/fuzz.sh
 
 # pg_regress over pg_test/ and the client-driven tests, against one throwaway cluster.
 regress: install
@@ -136,6 +155,17 @@ endif
 # warm-up (bench/soak.sh; SOAK_SECONDS, SOAK_WARMUP). make test runs a 2-minute form.
 soak: install
 	$(VIRTUALENV) -o ssl=off bash bench/soak.sh
+
+# The long forms of what fuzz-short, core-test and the in-server property test run in make test:
+# each fuzz target for FUZZ_SECONDS (120), the core's properties at 25,600 cases, and the jsonb
+# reader against jsonb_each on 20,000 random objects (RUST_PROPERTY_CASES) in a cluster that
+# cargo-pgrx starts. Prints executions, time and findings per target.
+fuzz: cargo-fuzz deps
+	env FUZZ_SECONDS=$${FUZZ_SECONDS:-120} bash tests/fuzz.sh
+	env PROPTEST_CASES=$${PROPTEST_CASES:-25600} cargo test --release -p idempotency-core
+	rm -rf $(PGRX_TEST_DIR)-fuzz
+	env RUST_PROPERTY_CASES=$${RUST_PROPERTY_CASES:-20000} \
+	  cargo pgrx test pg$(SYSTEM_MAJOR) random_objects_read_as_jsonb_each_reads_them --runas postgres --pgdata $(PGRX_TEST_DIR)-fuzz
 
 # The differential tester (tests/differential) for ten minutes from a random seed, which it
 # prints first, so that a failing case replays with --seed S --case I.
