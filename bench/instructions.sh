@@ -52,7 +52,7 @@ stop
 count() {  # count SCRIPT TRANSACTIONS: instructions of the pgbench backend
   rm -rf "$WORK/cg"; mkdir "$WORK/cg"; [ "$(id -u)" != 0 ] || chown postgres "$WORK/cg"
   start valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$WORK/cg/out.%p"
-  sql -f "$HERE/reset.sql"
+  sql -f "$HERE/reset.sql" >/dev/null
   pgbench -n -M prepared -c 1 -t "$2" -f "$HERE/$1" >/dev/null
   stop
   # The last backend forked is pgbench's.
