@@ -15,7 +15,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 
 use common::{ok, test_db, TestDb};
-use postgres::Client;
 
 const MESSAGES: u32 = 90;
 
@@ -58,68 +57,88 @@ impl Redis {
     }
 }
 
-/// One delivery of `message` through a consumer whose dedup is `claim`; `crash` ends it
-/// before COMMIT by closing the connection, as a killed process would. True when acked.
-fn deliver(db: &TestDb, message: &str, crash: bool, claim: &mut dyn FnMut(&mut Client) -> bool, path: &str) -> bool {
-    let mut client = db.connect(path);
-    ok(client.batch_execute("BEGIN"), "BEGIN");
-    if !claim(&mut client) {
-        ok(client.batch_execute("ROLLBACK"), "ROLLBACK");
-        return true; // a duplicate: acked without effect
-    }
-    ok(client.execute("INSERT INTO payments (path, message) VALUES ($1, $2)", &[&path, &message]), "the effect");
-    if crash {
-        drop(client); // the server rolls the transaction back; no ack, so the broker redelivers
-        return false;
-    }
-    ok(client.batch_execute("COMMIT"), "COMMIT");
-    true
+/// Where a consumer keeps what it has processed.
+enum Dedup {
+    /// SET … NX before the transaction, as Redis dedup libraries do; the keys it took.
+    Redis { redis: Redis, prefix: String, taken: Vec<String> },
+    /// idem_claim inside the transaction.
+    Claim,
 }
 
-/// Runs every message through `claim_for`: a first delivery (crashing for every third), a
-/// redelivery of the crashed ones, a duplicate of all. Returns (lost, doubled).
-fn run(db: &TestDb, path: &str, claim_for: &mut dyn FnMut(&str) -> Box<dyn FnMut(&mut Client) -> bool>) -> (i64, i64) {
-    for n in 1..=MESSAGES {
-        let message = format!("payment-{n}");
-        let acked = deliver(db, &message, n % 3 == 0, &mut *claim_for(&message), path);
-        if !acked {
-            assert!(deliver(db, &message, false, &mut *claim_for(&message), path), "the redelivery is acked");
+impl Dedup {
+    fn name(&self) -> &'static str {
+        match self {
+            Dedup::Redis { .. } => "redis",
+            Dedup::Claim => "idem_claim",
         }
-        assert!(deliver(db, &message, false, &mut *claim_for(&message), path), "the duplicate is acked");
     }
-    let mut client = db.connect("count");
-    let row = ok(
-        client.query_one(
-            "SELECT count(*) FILTER (WHERE applied = 0), count(*) FILTER (WHERE applied > 1)
-             FROM (SELECT 'payment-' || n AS message, (SELECT count(*) FROM payments p WHERE p.path = $1 AND p.message = 'payment-' || n) AS applied
-                   FROM generate_series(1, $2::int) AS n) AS m",
-            &[&path, &(MESSAGES as i32)],
-        ),
-        "count the effects",
-    );
-    (row.get(0), row.get(1))
+
+    /// One delivery of `message`; `crash` ends it before COMMIT by closing the connection,
+    /// as a killed process would. True when acked.
+    fn deliver(&mut self, db: &TestDb, message: &str, crash: bool) -> bool {
+        let path = self.name();
+        let first = match self {
+            Dedup::Redis { redis, prefix, taken } => {
+                let key = format!("{prefix}{message}");
+                taken.push(key.clone());
+                Some(redis.claim(&key))
+            }
+            Dedup::Claim => None,
+        };
+        let mut client = db.connect(path);
+        ok(client.batch_execute("BEGIN"), "BEGIN");
+        let first = first.unwrap_or_else(|| {
+            ok(client.query_one("SELECT idem_claim($1, 'payments')", &[&message]), "idem_claim").get(0)
+        });
+        if !first {
+            ok(client.batch_execute("ROLLBACK"), "ROLLBACK");
+            return true; // a duplicate: acked without effect
+        }
+        ok(client.execute("INSERT INTO payments (path, message) VALUES ($1, $2)", &[&path, &message]), "the effect");
+        if crash {
+            drop(client); // the server rolls the transaction back; no ack, so the broker redelivers
+            return false;
+        }
+        ok(client.batch_execute("COMMIT"), "COMMIT");
+        true
+    }
+
+    /// Every message: a first delivery (every third crashing), a redelivery of the crashed
+    /// ones, a duplicate of all. Returns (lost, doubled).
+    fn run(&mut self, db: &TestDb) -> (i64, i64) {
+        for n in 1..=MESSAGES {
+            let message = format!("payment-{n}");
+            if !self.deliver(db, &message, n % 3 == 0) {
+                assert!(self.deliver(db, &message, false), "the redelivery is acked");
+            }
+            assert!(self.deliver(db, &message, false), "the duplicate is acked");
+        }
+        let mut client = db.connect("count");
+        let row = ok(
+            client.query_one(
+                "SELECT count(*) FILTER (WHERE applied = 0), count(*) FILTER (WHERE applied > 1)
+                 FROM (SELECT (SELECT count(*) FROM payments p WHERE p.path = $1 AND p.message = 'payment-' || n) AS applied
+                       FROM generate_series(1, $2::int) AS n) AS m",
+                &[&self.name(), &(MESSAGES as i32)],
+            ),
+            "count the effects",
+        );
+        (row.get(0), row.get(1))
+    }
 }
 
 #[test]
 fn setnx_beside_the_transaction_loses_what_the_claim_keeps() {
     let db = db();
-    let run_id = std::process::id();
-    let mut redis = Redis::connect();
-    let mut taken = Vec::new();
-    let (redis_lost, redis_doubled) = run(db, "redis", &mut |message| {
-        let key = format!("idem-test:{run_id}:{message}");
-        taken.push(key.clone());
-        let took = redis.claim(&key);
-        Box::new(move |_| took)
-    });
-    let mut cleanup = Redis::connect();
-    for key in &taken {
-        cleanup.command(&["DEL", key]);
+    let prefix = format!("idem-test:{}:", std::process::id());
+    let mut redis = Dedup::Redis { redis: Redis::connect(), prefix, taken: Vec::new() };
+    let (redis_lost, redis_doubled) = redis.run(db);
+    if let Dedup::Redis { redis, taken, .. } = &mut redis {
+        for key in taken.iter() {
+            redis.command(&["DEL", key]);
+        }
     }
-    let (claim_lost, claim_doubled) = run(db, "idem_claim", &mut |message| {
-        let key = message.to_string();
-        Box::new(move |client| ok(client.query_one("SELECT idem_claim($1, 'payments')", &[&key]), "idem_claim").get(0))
-    });
+    let (claim_lost, claim_doubled) = Dedup::Claim.run(db);
     let crashed = i64::from(MESSAGES / 3);
     println!(
         "redis_counterexample: {MESSAGES} messages, {crashed} first deliveries crashed before COMMIT; \
