@@ -82,7 +82,8 @@ pub unsafe fn object_members<'a>(datum: pg_sys::Datum, argument: &str) -> Result
 /// write.
 ///
 /// # Safety
-/// `numeric` must point to a numeric value that is not toasted (a jsonb number, for instance).
+/// `numeric` must be a member's number as [`object_members`] read it, whose varlena header
+/// the core checked against the member's own length.
 pub unsafe fn integer(numeric: pg_sys::Numeric) -> Option<i64> {
     format::integer(bytes(numeric.cast()))
 }
@@ -163,7 +164,14 @@ mod tests {
                 }
                 pg_sys::jbvType::jbvBool => ("boolean", v.val.boolean.to_string()),
                 _ => {
-                    let out = pg_sys::JsonbToCString(std::ptr::null_mut(), v.val.binary.data, v.val.binary.len);
+                    // Through a jsonb of its own, which copies exactly val.binary.len bytes, as
+                    // a write of the member into a jsonb column does.
+                    let copy = pg_sys::JsonbValueToJsonb(std::ptr::from_ref(v).cast_mut());
+                    let out = pg_sys::JsonbToCString(
+                        std::ptr::null_mut(),
+                        &raw mut (*copy).root,
+                        pgrx::varlena::varsize_any(copy.cast()) as i32,
+                    );
                     let text = std::ffi::CStr::from_ptr(out).to_string_lossy().into_owned();
                     (if text.starts_with('[') { "array" } else { "object" }, text)
                 }

@@ -12,9 +12,10 @@ seconds=${FUZZ_SECONDS:-10}
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo fuzz list)
 cargo fuzz build --sanitizer none
+host=$(rustc -vV | sed -n 's/^host: //p')  # cargo fuzz builds for the host triple
 failed=0
 for target in "${targets[@]}"; do
-  binary=target/x86_64-unknown-linux-gnu/release/$target
+  binary=target/$host/release/$target
   if [ -d regressions/$target ]; then
     if ! "$binary" -runs=1 regressions/$target/* >/tmp/fuzz-$target.log 2>&1; then
       echo "fuzz $target: a saved finding fails again:"; tail -20 /tmp/fuzz-$target.log; failed=1; continue
@@ -24,13 +25,13 @@ for target in "${targets[@]}"; do
   start=$(date +%s)
   if "$binary" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix=artifacts/$target/ \
       corpus/$target >/tmp/fuzz-$target.log 2>&1; then
-    outcome="0 findings"
+    outcome="0 findings"; found=0
   else
-    outcome="a FINDING in fuzz/artifacts/$target/"; failed=1
+    outcome="a FINDING in fuzz/artifacts/$target/"; found=1; failed=1
   fi
   runs=$(grep -oP 'stat::number_of_executed_units:\s*\K[0-9]+' /tmp/fuzz-$target.log || echo '?')
   corpus=$(ls corpus/$target | wc -l)
   echo "fuzz $target: $runs executions in $(( $(date +%s) - start )) s, corpus $corpus, $outcome"
-  [ "$failed" = 0 ] || tail -30 /tmp/fuzz-$target.log
+  [ "$found" = 0 ] || tail -30 /tmp/fuzz-$target.log
 done
 exit $failed

@@ -158,4 +158,28 @@ mod tests {
         assert_eq!(scope_id("a"), a);
         assert_eq!(scope_id(""), i64::from_be_bytes(Sha256::digest(b"")[..8].try_into().unwrap()));
     }
+
+    /// The on-disk encodings, pinned: escapes, control characters, non-ASCII keys and values,
+    /// negative zero, long numbers and nesting. A change here makes stored claims unreachable.
+    #[test]
+    fn encodings_are_pinned() {
+        let v: Value = serde_json::from_str(
+            r#"{"b":[1.50,{"d":"\u0000\t\"\\/é😀","c":-0.0}],"a":null,"":true,"é":12345678901234567890.1230}"#,
+        )
+        .unwrap();
+        let mut canonical = String::new();
+        write_canonical(&v, &mut canonical);
+        assert_eq!(
+            canonical,
+            r#"{"":true,"a":null,"b":[1.5,{"c":0,"d":"\u0000\t\"\\/é😀"}],"é":12345678901234567890.123}"#
+        );
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert_eq!(hex(&fingerprint(&v)), "8fb9e654725c6007ae26ac841a8cb1a5");
+        assert_eq!(hex(&fingerprint(&Value::Array(vec![]))), "4f53cda18c2baa0c0354bb5f9a3ecbe5");
+        assert_eq!(hex(&key_digest("billing", "order-1:paid")), "0b98cc6a085cbb6eb4755025115dc418");
+        assert_eq!(hex(&key_digest("é", "😀|\\")), "d9ee8ff382028d6513f99ba21034271e");
+        assert_eq!(hex(&key_digest("a", "")), "3b196fd4907bedf51c3090e9835f2f7c");
+        assert_eq!(scope_id("billing"), 906_850_720_199_613_079);
+        assert_eq!(scope_id("é"), 5_375_421_630_974_772_051);
+    }
 }

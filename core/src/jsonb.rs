@@ -19,10 +19,12 @@ pub enum Value<'a> {
     Null,
     /// The string's bytes, without quotes or escapes.
     String(&'a [u8]),
-    /// The number as a numeric varlena, header included (see [`integer`]).
+    /// The number as a numeric varlena, header included (see [`integer`]), whose header's
+    /// size is the member's.
     Numeric(&'a [u8]),
     Bool(bool),
-    /// A nested array or object: its container, as jbvBinary points to it.
+    /// A nested array or object: its container, as jbvBinary points to it, at least as long
+    /// as its header and JEntries.
     Container(&'a [u8]),
 }
 
@@ -37,6 +39,7 @@ pub struct Member<'a> {
 // and per value, then their data.
 const JB_CMASK: u32 = 0x0FFF_FFFF;
 const JB_FOBJECT: u32 = 0x2000_0000;
+const JB_FARRAY: u32 = 0x4000_0000;
 const JENTRY_OFFLENMASK: u32 = 0x0FFF_FFFF;
 const JENTRY_TYPEMASK: u32 = 0x7000_0000;
 const JENTRY_HAS_OFF: u32 = 0x8000_0000;
@@ -91,8 +94,24 @@ impl Entries<'_> {
     }
 }
 
+/// Whether a nested container holds at least its header and a JEntry per child. PostgreSQL
+/// reads it further by those, so they must lie within it.
+fn is_container(bytes: &[u8]) -> bool {
+    word32(bytes, 0).is_ok_and(|header| {
+        let children = (header & JB_CMASK) as usize;
+        let entries = match header & (JB_FOBJECT | JB_FARRAY) {
+            JB_FOBJECT => 2 * children,
+            JB_FARRAY => children,
+            _ => return false,
+        };
+        4 + 4 * entries <= bytes.len()
+    })
+}
+
 /// The members of the jsonb object whose root container is `root` (the datum without its
-/// varlena header), in jsonb's own key order, as fillJsonbValue reads them.
+/// varlena header), in jsonb's own key order, as fillJsonbValue reads them. A value that the
+/// extension hands on to PostgreSQL, which trusts its header, is checked to lie within its
+/// member: a number's varlena size, a nested container's JEntries.
 pub fn object_members(root: &[u8]) -> Result<Vec<Member<'_>>, Error> {
     let header = word32(root, 0)?;
     if header & JB_FOBJECT == 0 {
@@ -114,41 +133,58 @@ pub fn object_members(root: &[u8]) -> Result<Vec<Member<'_>>, Error> {
         let value = match entry & JENTRY_TYPEMASK {
             JENTRY_ISNULL => Value::Null,
             JENTRY_ISSTRING => Value::String(within(start, end)?),
-            JENTRY_ISNUMERIC => Value::Numeric(within(int_align(start), end)?),
+            JENTRY_ISNUMERIC => {
+                let numeric = within(int_align(start), end)?;
+                if varlena_header(numeric).map(|(_, size)| size) != Some(numeric.len()) {
+                    return Err(Error::Corrupt);
+                }
+                Value::Numeric(numeric)
+            }
             JENTRY_ISBOOL_FALSE => Value::Bool(false),
             JENTRY_ISBOOL_TRUE => Value::Bool(true),
-            _ => Value::Container(within(int_align(start), end)?),
+            _ => {
+                let container = within(int_align(start), end)?;
+                if !is_container(container) {
+                    return Err(Error::Corrupt);
+                }
+                Value::Container(container)
+            }
         };
         members.push(Member { name, value });
     }
     Ok(members)
 }
 
-/// The payload of an in-memory varlena (one with a 1-byte or an uncompressed 4-byte header),
-/// as VARDATA_ANY and VARSIZE_ANY_EXHDR find it; None for any other header or a size that
-/// does not fit.
-pub fn varlena_payload(datum: &[u8]) -> Option<&[u8]> {
+/// The header length and total size of an in-memory varlena (one with a 1-byte or an
+/// uncompressed 4-byte header), as VARSIZE_ANY reads them; None for any other header.
+fn varlena_header(datum: &[u8]) -> Option<(usize, usize)> {
     let first = *datum.first()?;
     #[cfg(target_endian = "little")]
     let (one_byte, four_byte) = (first & 0x01 == 0x01 && first != 0x01, first & 0x03 == 0x00);
     #[cfg(target_endian = "big")]
     let (one_byte, four_byte) = (first & 0x80 == 0x80 && first != 0x80, first & 0xC0 == 0x00);
-    let (header, size) = if one_byte {
+    if one_byte {
         #[cfg(target_endian = "little")]
         let size = (first >> 1) & 0x7F;
         #[cfg(target_endian = "big")]
         let size = first & 0x7F;
-        (1, size as usize)
+        Some((1, size as usize))
     } else if four_byte {
         let word = word32(datum, 0).ok()?;
         #[cfg(target_endian = "little")]
         let size = (word >> 2) & 0x3FFF_FFFF;
         #[cfg(target_endian = "big")]
         let size = word & 0x3FFF_FFFF;
-        (4, size as usize)
+        Some((4, size as usize))
     } else {
-        return None;
-    };
+        None
+    }
+}
+
+/// The payload of an in-memory varlena, as VARDATA_ANY and VARSIZE_ANY_EXHDR find it; None
+/// for a header [`varlena_header`] does not read or a size that does not fit.
+pub fn varlena_payload(datum: &[u8]) -> Option<&[u8]> {
+    let (header, size) = varlena_header(datum)?;
     datum.get(header..size)
 }
 

@@ -35,8 +35,25 @@ impl Numeric {
         Numeric { negative, weight, scale, digits }
     }
 
-    /// The varlena, with a 4-byte header: the short format where make_result would use it.
+    /// The varlena, with a 4-byte header (as jsonb stores numerics): the short format where
+    /// make_result would use it.
     pub fn encode(&self, short: bool) -> Vec<u8> {
+        varlena(&self.body(short))
+    }
+
+    /// The same with a 1-byte header, as a packed tuple stores a short value; None when it
+    /// does not fit one.
+    pub fn encode_packed(&self, short: bool) -> Option<Vec<u8>> {
+        let body = self.body(short);
+        let size = body.len() + 1;
+        #[cfg(target_endian = "little")]
+        let header = (size << 1) | 1;
+        #[cfg(target_endian = "big")]
+        let header = size | 0x80;
+        (size <= 0x7F).then(|| [&[header as u8][..], &body].concat())
+    }
+
+    fn body(&self, short: bool) -> Vec<u8> {
         let mut body = Vec::new();
         let can_be_short = self.scale <= 0x3F && (-64..=63).contains(&self.weight);
         if short && can_be_short {
@@ -56,7 +73,7 @@ impl Numeric {
         for digit in &self.digits {
             body.extend(digit.to_ne_bytes());
         }
-        varlena(&body)
+        body
     }
 
     /// What numeric_out prints.

@@ -136,6 +136,9 @@ proptest! {
     fn an_integer_is_read_exactly_when_its_text_is_one(n in numeric(), short in any::<bool>()) {
         let expected = if n.scale == 0 { n.text().parse::<i64>().ok() } else { None };
         prop_assert_eq!(integer(&n.encode(short)), expected, "{}", n.text());
+        if let Some(packed) = n.encode_packed(short) {
+            prop_assert_eq!(integer(&packed), expected, "{} with a 1-byte header", n.text());
+        }
     }
 
     #[test]
@@ -227,4 +230,23 @@ proptest! {
         let expected = if expected == "-0" { "0".to_string() } else { expected };
         prop_assert_eq!(canonical_number(&text), expected);
     }
+}
+
+/// What the extension hands on to PostgreSQL, which trusts the headers inside, must lie
+/// within its member: a number whose varlena header claims more (found by review: the
+/// extension read up to 64 kB past the datum), a nested object with more JEntries than bytes.
+#[test]
+fn a_number_or_container_larger_than_its_member_is_corrupt() {
+    use idempotency_core::jsonb::Error;
+    // Root header, two JEntries, the key "n", padding to 4: the numeric starts at 16.
+    let number = Numeric::normalized(false, 0, 0, vec![5]);
+    let mut root = encode_object(&[("n".into(), Json::Number(number))]);
+    assert!(object_members(&root).is_ok());
+    root[16..20].copy_from_slice(&common::varlena(&vec![0; 65_532])[..4]);
+    assert_eq!(object_members(&root), Err(Error::Corrupt));
+
+    let mut root = encode_object(&[("o".into(), Json::Object(vec![("a".into(), Json::Null)]))]);
+    assert!(object_members(&root).is_ok());
+    root[16..20].copy_from_slice(&(1000u32 | 0x2000_0000).to_ne_bytes());
+    assert_eq!(object_members(&root), Err(Error::Corrupt));
 }

@@ -1,5 +1,5 @@
 //! A numeric is read as an i64 exactly when numeric_out's text for it is an integer within
-//! i64, in both header formats.
+//! i64, in both numeric header formats and both varlena header sizes.
 #![no_main]
 
 #[path = "../../core/tests/common.rs"]
@@ -27,4 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let n = Numeric::normalized(negative, weight, scale, digits);
     let expected = if n.scale == 0 { n.text().parse::<i64>().ok() } else { None };
     assert_eq!(integer(&n.encode(short)), expected, "{}", n.text());
+    if let Some(packed) = n.encode_packed(short) {
+        assert_eq!(integer(&packed), expected, "{} with a 1-byte header", n.text());
+    }
 });
