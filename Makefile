@@ -12,7 +12,8 @@ PGRX_VERSION  := 0.18.1
 CARGO_FUZZ_VERSION := 0.13.2
 PGXS_TEST     = $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)/pgxs/src/test
 APT_PACKAGES  := postgresql-$(SYSTEM_MAJOR) postgresql-server-dev-$(SYSTEM_MAJOR) postgresql-$(SYSTEM_MAJOR)-cron postgresql-$(SYSTEM_MAJOR)-pgaudit \
-                 postgresql-contrib libclang-dev sudo pkg-config
+                 postgresql-contrib libclang-dev sudo pkg-config \
+                 golang-go golang-github-jackc-pgx-v4-dev golang-github-rabbitmq-amqp091-go-dev
 # A throwaway cluster with pg_cron preloaded; everything that needs a server runs inside it.
 VIRTUALENV    := pg_virtualenv -v $(SYSTEM_MAJOR) -o shared_preload_libraries=pg_cron,pgaudit,pg_stat_statements -o cron.use_background_workers=on
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
@@ -86,6 +87,7 @@ lint: deps pg18
 	cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 	cargo clippy -p idempotency --no-default-features --features pg18 --all-targets -- -D warnings
 	bash tools/check-released.sh
+	@test -z "$$(gofmt -l examples/go)" || { echo "gofmt would change: $$(gofmt -l examples/go)"; exit 1; }
 	env PG_CONFIG=$(PG_CONFIG) bash tests/sqlstate_table.sh
 	bash tests/leak_sentinel_test.sh
 

@@ -11,7 +11,9 @@
 # first use, pinned: examples/python/.venv (requirements.txt), examples/node/node_modules (npm ci).
 # examples/python/outbox.py, the README's outbox sequence, runs the same way (python_outbox) and its
 # outbox must hold exactly one announcement per payment, under the id the claim derives.
-# LANGS: which consumers to run (default "python python_outbox node rust"); NODE_CONSUMER,
+# The Go consumer (examples/go, with ANNOUNCE=1 the outbox sequence) is built offline from Debian's
+# packages (golang-go 1.19, pgx v4, amqp091-go) in GOPATH mode, and runs the same way.
+# LANGS: which consumers to run (default "python python_outbox node rust go go_outbox"); NODE_CONSUMER,
 # PYTHON_CONSUMER, PYTHON_OUTBOX_CONSUMER: another consumer file to run in place of the example's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -139,7 +141,7 @@ SQL
   fi
 }
 
-wanted() { [[ " ${LANGS:-python python_outbox node rust} " == *" $1 "* ]]; }
+wanted() { [[ " ${LANGS:-python python_outbox node rust go go_outbox} " == *" $1 "* ]]; }
 if wanted python; then
   run_lang python "$venv/bin/python" "${PYTHON_CONSUMER:-examples/python/consumer.py}"
 fi
@@ -160,4 +162,13 @@ elif command -v cargo >/dev/null; then
   run_lang rust sh -c 'DATABASE_URL="$DATABASE_URL dbname=$PGDATABASE" exec examples/rust/target/debug/idempotency-example-rust'
 else
   echo "== rust: no cargo here; examples/rust is only compared with the README (tests/readme_sync.sh)"
+fi
+if wanted go || wanted go_outbox; then
+  [ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] && command -v go >/dev/null ||
+    fail "no Go toolchain or pgx v4 here (make deps installs golang-go and Debian's Go packages)"
+  echo "== go: go build in examples/go (GOPATH mode, Debian's packages)"
+  (cd examples/go && GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$root/target/gocache \
+    go build -o "$root/target/go-example" .)
+  if wanted go; then run_lang go target/go-example; fi
+  if wanted go_outbox; then run_lang go_outbox env ANNOUNCE=1 target/go-example; fi
 fi

@@ -45,7 +45,9 @@ for tag, folder in DIRS.items():
                 sys.exit(f"readme_sync: {path}: want 'README:begin {marker}' and 'README:end {marker}' in pairs, "
                          f"in one file of examples/{folder}")
             # Several regions of one file make one snippet, a blank line between them.
-            excerpts[marker] = (path, "\n".join(textwrap.dedent("".join(lines[b + 1:e])) for b, e in zip(begin, end)))
+            # gofmt puts a blank line between a function and the end marker's comment.
+            excerpts[marker] = (path, "\n".join(textwrap.dedent("".join(lines[b + 1:e])).rstrip("\n") + "\n"
+                                                for b, e in zip(begin, end)))
 
 failed = []
 seen = set()

@@ -1,7 +1,7 @@
 // The external-call sequence from Go (README, "External calls"): charge an API that takes no
 // idempotency key, so that a redelivery never charges twice. The same steps as
 // examples/python/external_call.py, which tests/external_calls.py runs against a fake API; this
-// file is compared with the README only (the machine that runs the tests has no Go toolchain).
+// file is compared with the README and compiled with the consumer (tests/readme_snippets.sh), not run.
 package main
 
 import (
@@ -10,7 +10,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v4/pgxpool"
 )
 
 // ErrInDoubt: the call was begun and never confirmed, so it may have happened. Park the message.
@@ -61,4 +61,5 @@ func charge(ctx context.Context, pool *pgxpool.Pool, o order, chargeAPI func(ord
 	}
 	return tx.Commit(ctx)
 }
+
 // README:end external go

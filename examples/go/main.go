@@ -3,7 +3,8 @@
 // Each message is {"order_id": ..., "amount": ...} with its idempotency key as the AMQP MessageId.
 // PostgreSQL from the libpq variables (pgxpool reads PGHOST, PGPORT, ...), the broker from
 // AMQP_URL, the queue from QUEUE. The part between the README markers is the Go snippet of
-// README.md; tests/readme_sync.sh checks that text (no Go toolchain on the test machines yet).
+// README.md; tests/readme_sync.sh checks that text, and tests/readme_snippets.sh builds this package
+// with Debian's Go packages (GO111MODULE=off) and runs it against RabbitMQ.
 package main
 
 import (
@@ -12,13 +13,13 @@ import (
 	"log"
 	"os"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v4/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 func main() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, "")
+	pool, err := pgxpool.Connect(ctx, "")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -89,4 +90,5 @@ func pay(ctx context.Context, pool *pgxpool.Pool, d amqp.Delivery) error {
 	}
 	return tx.Commit(ctx)
 }
+
 // README:end go

@@ -8,7 +8,7 @@ import (
 	"encoding/json"
 	"log"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v4/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -58,4 +58,5 @@ func payAndAnnounce(ctx context.Context, pool *pgxpool.Pool, d amqp.Delivery) er
 	}
 	return tx.Commit(ctx) // the payment, its claim and its announcement, or none of them
 }
+
 // README:end outbox go
