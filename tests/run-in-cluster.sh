@@ -68,6 +68,10 @@ suite client "client-driven tests (several real connections)" \
 # On a cluster of its own, since it crashes its server twice; its log has its own sentinel.
 suite crash "crash recovery: SIGKILL between claim and COMMIT, pg_ctl stop -m immediate in a storm" \
   bash tests/crash.sh
+# A primary and a streaming standby of its own, stopped with -m immediate under the README's
+# Python consumer and RabbitMQ, the standby promoted: sync loses nothing, async only lags.
+suite failover "failover: synchronous and asynchronous standby promoted under a consumer (RabbitMQ)" \
+  bash tests/failover.sh
 # The outbox's relay program against the machine's RabbitMQ and NATS: 10,000 messages over 200
 # keys with four relays, one killed mid-stream, and a broker outage through a proxy it cuts.
 suite relay "idempotency-relay end to end (RabbitMQ, NATS JetStream)" \

@@ -33,6 +33,8 @@ def on_message(channel, method, properties, body):
     except Exception:
         log.exception("payment %s rolled back; the broker delivers it again", key)
         channel.basic_nack(method.delivery_tag, requeue=True)
+        if conn.broken:  # the server is gone (a restart, a failover): exit, a supervisor restarts us
+            raise
         return
     channel.basic_ack(method.delivery_tag)  # only after COMMIT: a duplicate is acked too
 # README:end python

@@ -27,6 +27,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for message in consumer.receiver().iter() {
         let ConsumerMessage::Delivery(delivery) = message else { break };
         on_message(&mut client, &consumer, delivery)?;
+        if client.is_closed() {
+            // The server is gone (a restart, a failover): every later message would fail and be
+            // requeued at once. Exit; a supervisor starts the consumer again, on a new connection.
+            return Err("the database connection is lost".into());
+        }
     }
     Ok(())
 }
