@@ -385,7 +385,7 @@ mod tests {
     fn random_objects_read_as_jsonb_each_reads_them() {
         let setting =
             |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-        let cases = setting("RUST_PROPERTY_CASES", 200);
+        let cases = setting("RUST_PROPERTY_CASES", 100);
         let first = setting("RUST_PROPERTY_SEED", 0x1DE4_7E57);
         for seed in first..first + cases {
             let mut random = Random(seed);
