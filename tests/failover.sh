@@ -63,16 +63,7 @@ synchronous_commit = on
 EOF
   as_postgres "$PG_BINDIR/pg_ctl" -D "$primary" -l "$dir/primary.log" -w start >/dev/null
   sql -p 5621 -d postgres -c "CREATE DATABASE failover"
-  sql -p 5621 -d failover <<'SQL'
-SET client_min_messages = warning;
-CREATE EXTENSION idempotency;
-CREATE TABLE payments (
-  id bigserial PRIMARY KEY,
-  order_id text NOT NULL,
-  amount numeric(12,2) NOT NULL,
-  paid_at timestamptz NOT NULL DEFAULT now()
-);
-SQL
+  sql -p 5621 -d failover -f tests/readme_snippets/payments.sql
   as_postgres "$PG_BINDIR/pg_basebackup" -D "$standby" -R -X stream -c fast \
     -d "host=$RUN port=5621 user=postgres application_name=standby"
   echo "port = 5622" >>"$standby/postgresql.auto.conf"

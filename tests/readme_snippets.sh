@@ -45,17 +45,10 @@ run_lang() {
   local db=snippets_readme_$lang queue=readme_snippets_${lang}_$$ log=target/readme_snippets_$lang.log
   mkdir -p target; : >"$log"
   sql -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
-  # payments has an id column first, so an INSERT that relies on column order fails. Each insert
-  # sleeps 0.2 s in a trigger, so that a kill can be timed to land inside a payment's transaction.
+  # Each insert sleeps 0.2 s in a trigger, so that a kill can be timed to land inside a
+  # payment's transaction.
+  PGDATABASE=$db sql -f tests/readme_snippets/payments.sql
   PGDATABASE=$db sql <<'SQL'
-SET client_min_messages = warning;
-CREATE EXTENSION idempotency;
-CREATE TABLE payments (
-  id bigserial PRIMARY KEY,
-  order_id text NOT NULL,
-  amount numeric(12,2) NOT NULL,
-  paid_at timestamptz NOT NULL DEFAULT now()
-);
 CREATE FUNCTION slow_payment() RETURNS trigger LANGUAGE plpgsql AS
   $$ BEGIN PERFORM pg_sleep(0.2); RETURN NEW; END $$;
 CREATE TRIGGER slow_payment BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION slow_payment();
