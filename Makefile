@@ -13,7 +13,8 @@ CARGO_FUZZ_VERSION := 0.13.2
 PGXS_TEST     = $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)/pgxs/src/test
 APT_PACKAGES  := postgresql-$(SYSTEM_MAJOR) postgresql-server-dev-$(SYSTEM_MAJOR) postgresql-$(SYSTEM_MAJOR)-cron postgresql-$(SYSTEM_MAJOR)-pgaudit \
                  postgresql-contrib libclang-dev sudo pkg-config \
-                 golang-go golang-github-jackc-pgx-v4-dev golang-github-rabbitmq-amqp091-go-dev
+                 golang-go golang-github-jackc-pgx-v4-dev golang-github-rabbitmq-amqp091-go-dev \
+                 python3-matplotlib
 # A throwaway cluster with pg_cron preloaded; everything that needs a server runs inside it.
 VIRTUALENV    := pg_virtualenv -v $(SYSTEM_MAJOR) -o shared_preload_libraries=pg_cron,pgaudit,pg_stat_statements -o cron.use_background_workers=on
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))
@@ -136,6 +137,7 @@ test-pg18: deps pg18
 ifeq ($(PG_MAJOR),$(SYSTEM_MAJOR))
 bench: install
 	@if [ -n "$$DATABASE_URL" ]; then bash bench/run.sh; else $(VIRTUALENV) -o synchronous_commit=off -o autovacuum=off -o ssl=off bash bench/run.sh; fi
+	/usr/bin/python3 bench/report.py
 
 # The ledger at 1 M, 30 M and 100 M retained keys beside a hand-written table (bench/scale.sh;
 # SCALE_SIZES and the other SCALE_* settings choose less). The cluster keeps PostgreSQL's
@@ -150,6 +152,7 @@ else
 bench: deps
 	env SERVER_OPTIONS="-c synchronous_commit=off -c autovacuum=off -c listen_addresses=localhost" \
 	  bash tests/own-server.sh $(PG_MAJOR) env PGHOST=localhost bash bench/run.sh
+	/usr/bin/python3 bench/report.py
 endif
 
 # Claims, versioned updates, outbox sends and relays on 8 connections and the purge every 5 s

@@ -15,6 +15,8 @@
 #   SCALE_CHECKPOINTS  default (max_wal_size 1GB) and/or tuned (32GB, checkpoint_timeout 30min)
 #   SCALE_SECONDS      seconds of each claims window (default 10)
 #   SCALE_ROUNDS       windows per contender        (default 3)
+#   SCALE_REPORT       where the summary table goes, dated, for bench/report.py
+#                      (default docs/bench/scale.md, committed with the report)
 #
 # Each size and kind is filled once (with checkpoints spread out, as the fill is not
 # measured), after the previous phase's rows are gone; a size that the data directory's free
@@ -31,6 +33,7 @@ CHECKPOINTS=${SCALE_CHECKPOINTS:-"default tuned"}
 SECONDS_PER_WINDOW=${SCALE_SECONDS:-10}
 ROUNDS=${SCALE_ROUNDS:-3}
 DB=idem_scale
+SCALE_REPORT=${SCALE_REPORT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/docs/bench/scale.md}
 WORK=$(mktemp -d /tmp/idem_scale.XXXXXX)
 trap 'checkpoints default >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 
@@ -194,6 +197,11 @@ q -c "TRUNCATE idempotency.ledger, hand_ledger"
 
 echo
 echo "== summary =="
-echo "| checkpoints | keys retained | keys | idem_claim/s | hand/s | ratio | WAL B/claim ext / hand | FPI/claim ext / hand | bytes/key ext / hand | purge of one day (idem_purge) | DELETE of the same day | purge WAL / DELETE WAL |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
-cat "$RESULTS" 2>/dev/null || true
+mkdir -p "$(dirname "$SCALE_REPORT")"
+{
+  echo "Run on $(date -u '+%Y-%m-%d %H:%M UTC'), PostgreSQL $(q -c 'SHOW server_version'), $(nproc) cores: sizes $SIZES, keys $KINDS, checkpoints $CHECKPOINTS, $SECONDS_PER_WINDOW s windows x $ROUNDS rounds."
+  echo
+  echo "| checkpoints | keys retained | keys | idem_claim/s | hand/s | ratio | WAL B/claim ext / hand | FPI/claim ext / hand | bytes/key ext / hand | purge of one day (idem_purge) | DELETE of the same day | purge WAL / DELETE WAL |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  cat "$RESULTS" 2>/dev/null || true
+} | tee "$SCALE_REPORT"

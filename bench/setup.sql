@@ -67,3 +67,18 @@ CREATE TABLE hand_offsets (
 );
 CREATE SEQUENCE hand_positions;
 CREATE SEQUENCE ext_positions;
+
+-- A whole consumer transaction (make bench's "consumer" run, synchronous_commit on): a payment
+-- and the account it credits, written with no dedup, with a hand-written dedup table
+-- (hand_ledger), with idem_claim as its own statement, and with the claim inside the
+-- business statement. reset.sql empties the payments and sets the 1000 accounts to 0.
+CREATE TABLE consumer_payments (
+    order_id text        PRIMARY KEY,
+    account  int         NOT NULL,
+    amount   numeric     NOT NULL,
+    paid_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE consumer_accounts (
+    id      int     PRIMARY KEY,
+    balance numeric NOT NULL
+);

@@ -79,14 +79,11 @@ suite relay "idempotency-relay end to end (RabbitMQ, NATS JetStream)" \
 # Direct writes, statement writes and hand-written SQL on random shapes; any difference fails.
 suite differential "differential tester (short)" \
   cargo run -q --release -p idempotency-differential -- --seed 1 --cases 200
-# make bench's scripts, briefly, so that they cannot rot: every contender runs and every check
-# in them holds; no figure is judged. The relays are the debug build the relay suite made.
-suite bench_smoke "make bench, short form (1 s rounds; figures not judged)" \
-  env BENCH_SECONDS=1 BENCH_ROUNDS=1 PURGE_ROUNDS=1 BENCH_KEYS=2000 PURGE_KEYS=5000 PURGE_SECONDS=1 \
-  DRAIN_MESSAGES=300 DRAIN_ROUNDS=1 STEADY_SECONDS=20 RELAY_PROFILE=debug bash bench/run.sh
+# make bench's scripts and its report, briefly; the relays are the debug build the relay suite made.
+suite bench_smoke "make bench, short form (1 s rounds; figures not judged), and its report" bash tests/bench_smoke.sh
 # make bench-scale's 1 M form: both key kinds, default checkpoints, one short window each.
 suite bench_scale_smoke "make bench-scale, 1 M keys (figures not judged)" \
-  env SCALE_SIZES=1000000 SCALE_SECONDS=2 SCALE_ROUNDS=1 SCALE_CHECKPOINTS=default bash bench/scale.sh
+  env SCALE_SIZES=1000000 SCALE_SECONDS=2 SCALE_ROUNDS=1 SCALE_CHECKPOINTS=default SCALE_REPORT=/dev/null bash bench/scale.sh
 # make soak's 2-minute form. It reads the server log for the backends' memory contexts, so
 # it runs only where that log is ours to read (not under own-server.sh).
 [ -z "$SERVER_LOG" ] || suite soak "soak, 2 minutes: no backend's memory contexts grow more than 5 % after a 45 s warm-up" \
