@@ -14,7 +14,7 @@ PGXS_TEST     = $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)/pgxs/src/test
 APT_PACKAGES  := postgresql-$(SYSTEM_MAJOR) postgresql-server-dev-$(SYSTEM_MAJOR) postgresql-$(SYSTEM_MAJOR)-cron postgresql-$(SYSTEM_MAJOR)-pgaudit \
                  postgresql-contrib libclang-dev sudo pkg-config \
                  golang-go golang-github-jackc-pgx-v4-dev golang-github-rabbitmq-amqp091-go-dev \
-                 python3-matplotlib
+                 python3-matplotlib libpostgresql-jdbc-java librabbitmq-client-java libslf4j-java
 # A throwaway cluster with pg_cron preloaded; everything that needs a server runs inside it.
 VIRTUALENV    := pg_virtualenv -v $(SYSTEM_MAJOR) -o shared_preload_libraries=pg_cron,pgaudit,pg_stat_statements -o cron.use_background_workers=on
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))))

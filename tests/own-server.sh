@@ -84,9 +84,10 @@ start_cluster() {
   rm -rf "$RUN"; mkdir -p "$RUN" "$CARGO_TARGET_DIR"; chown postgres: "$RUN"
   as_postgres "$PREFIX/bin/initdb" -D "$RUN/data" -U postgres --auth=trust --encoding=UTF8 \
     --locale=C.UTF-8 --no-sync >/dev/null || return
-  # pg_stat_statements too: tests/executor_hooks.sh needs it preloaded.
+  # pg_stat_statements too: tests/executor_hooks.sh needs it preloaded. TCP to localhost as well as
+  # the socket: JDBC (the Java consumer in tests/readme_snippets.sh) cannot reach a Unix socket.
   as_postgres "$PREFIX/bin/pg_ctl" -D "$RUN/data" -l "$RUN/server.log" -w -o \
-    "-p $PORT -k $RUN -c listen_addresses='' -c shared_preload_libraries=$preload $cron_settings ${SERVER_OPTIONS:-}" start >/dev/null
+    "-p $PORT -k $RUN -c listen_addresses=localhost -c shared_preload_libraries=$preload $cron_settings ${SERVER_OPTIONS:-}" start >/dev/null
 }
 trap stop_cluster EXIT
 phase cluster start_cluster

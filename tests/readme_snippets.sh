@@ -13,7 +13,9 @@
 # outbox must hold exactly one announcement per payment, under the id the claim derives.
 # The Go consumer (examples/go, with ANNOUNCE=1 the outbox sequence) is built offline from Debian's
 # packages (golang-go 1.19, pgx v4, amqp091-go) in GOPATH mode, and runs the same way.
-# LANGS: which consumers to run (default "python python_outbox node rust go go_outbox"); NODE_CONSUMER,
+# The Java consumer (examples/java) is compiled with javac against Debian's JDBC driver and RabbitMQ
+# client (libpostgresql-jdbc-java, librabbitmq-client-java) and reaches the server over TCP to localhost.
+# LANGS: which consumers to run (default "python python_outbox node rust go go_outbox java"); NODE_CONSUMER,
 # PYTHON_CONSUMER, PYTHON_OUTBOX_CONSUMER: another consumer file to run in place of the example's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -134,7 +136,7 @@ SQL
   fi
 }
 
-wanted() { [[ " ${LANGS:-python python_outbox node rust go go_outbox} " == *" $1 "* ]]; }
+wanted() { [[ " ${LANGS:-python python_outbox node rust go go_outbox java} " == *" $1 "* ]]; }
 if wanted python; then
   run_lang python "$venv/bin/python" "${PYTHON_CONSUMER:-examples/python/consumer.py}"
 fi
@@ -164,4 +166,15 @@ if wanted go || wanted go_outbox; then
     go build -o "$root/target/go-example" .)
   if wanted go; then run_lang go target/go-example; fi
   if wanted go_outbox; then run_lang go_outbox env ANNOUNCE=1 target/go-example; fi
+fi
+if wanted java; then
+  command -v javac >/dev/null && [ -f /usr/share/java/postgresql.jar ] && [ -f /usr/share/java/amqp-client.jar ] ||
+    fail "no javac, or no Debian JDBC driver or RabbitMQ client here (make deps installs them)"
+  echo "== java: javac examples/java (Debian's pgjdbc and RabbitMQ client)"
+  rm -rf target/java-example
+  javac -d target/java-example -cp /usr/share/java/postgresql.jar:/usr/share/java/amqp-client.jar \
+    examples/java/src/main/java/example/Consumer.java
+  export JAVA_CLASSPATH=target/java-example:/usr/share/java/postgresql.jar:/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-nop.jar
+  # JDBC has no libpq variables and no Unix sockets: the same server over TCP to localhost.
+  run_lang java sh -c 'JDBC_URL="jdbc:postgresql://localhost:${PGPORT:-5432}/$PGDATABASE?user=${PGUSER:-$USER}${PGPASSWORD:+&password=$PGPASSWORD}" exec java -cp "$JAVA_CLASSPATH" example.Consumer'
 fi

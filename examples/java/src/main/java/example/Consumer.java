@@ -1,22 +1,22 @@
 // A RabbitMQ consumer of payment messages that pays each order once, however often it is delivered.
 //
 // Each message is {"order_id": "...", "amount": ...} with its idempotency key as the AMQP message id.
-// PostgreSQL from JDBC_URL, the broker from AMQP_URL, the queue from QUEUE. The part between the
-// README markers is the Java snippet of README.md (tests/readme_sync.sh checks that text).
+// PostgreSQL from JDBC_URL, the broker from AMQP_URL, the queue from QUEUE. Built offline from
+// Debian's libpostgresql-jdbc-java and librabbitmq-client-java (tests/readme_snippets.sh), or with
+// pom.xml. The part between the README markers is the Java snippet of README.md.
 package example;
 
 import com.rabbitmq.client.Channel;
 import com.rabbitmq.client.ConnectionFactory;
 import com.rabbitmq.client.DeliverCallback;
-import com.zaxxer.hikari.HikariDataSource;
 import java.math.BigDecimal;
 import java.nio.charset.StandardCharsets;
 import java.sql.Connection;
+import java.sql.DriverManager;
 import java.sql.SQLException;
 import java.util.Objects;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
-import javax.sql.DataSource;
 
 public final class Consumer {
   record Payment(String orderId, BigDecimal amount) {
@@ -32,25 +32,26 @@ public final class Consumer {
   }
 
   public static void main(String[] args) throws Exception {
-    var pool = new HikariDataSource();
-    pool.setJdbcUrl(Objects.requireNonNullElse(System.getenv("JDBC_URL"), "jdbc:postgresql:///postgres"));
+    Connection conn = DriverManager.getConnection(
+        Objects.requireNonNullElse(System.getenv("JDBC_URL"), "jdbc:postgresql:///postgres"));
+    conn.setAutoCommit(false); // every message's statements are one transaction, ended by commit()
     var factory = new ConnectionFactory();
     factory.setUri(Objects.requireNonNullElse(System.getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672"));
     Channel channel = factory.newConnection().createChannel();
     String queue = Objects.requireNonNullElse(System.getenv("QUEUE"), "payments");
     channel.queueDeclare(queue, true, false, false, null);
     channel.basicQos(10);
-    channel.basicConsume(queue, false, onMessage(pool, channel), tag -> {});
+    channel.basicConsume(queue, false, onMessage(conn, channel), tag -> {});
   }
 
-  static DeliverCallback onMessage(DataSource pool, Channel channel) {
+  static DeliverCallback onMessage(Connection conn, Channel channel) {
     // README:begin java
+    // One connection is enough: the client hands over one channel's deliveries one at a time.
     return (consumerTag, delivery) -> {
       long tag = delivery.getEnvelope().getDeliveryTag();
       String key = delivery.getProperties().getMessageId();
-      try (Connection conn = pool.getConnection()) { // one pooled connection per message
+      try {
         Payment p = Payment.parse(delivery.getBody());
-        conn.setAutoCommit(false);
         try {
           boolean isNew;
           try (var st = conn.prepareStatement("SELECT idem_claim(?, 'billing')")) {
@@ -72,6 +73,9 @@ public final class Consumer {
       } catch (SQLException | RuntimeException e) {
         System.err.println("payment " + key + " rolled back, requeued: " + e);
         channel.basicNack(tag, false, true); // requeue: the broker delivers it again
+        if (e instanceof SQLException s && s.getSQLState() != null && s.getSQLState().startsWith("08")) {
+          System.exit(1); // the server is gone (a restart, a failover): a supervisor restarts us
+        }
         return;
       }
       channel.basicAck(tag, false); // only after COMMIT; a duplicate is acked too
