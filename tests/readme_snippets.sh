@@ -15,11 +15,11 @@
 # packages (golang-go 1.19, pgx v4, amqp091-go) in GOPATH mode, and runs the same way.
 # The Java consumer (examples/java) is compiled with javac against Debian's JDBC driver and RabbitMQ
 # client (libpostgresql-jdbc-java, librabbitmq-client-java) and reaches the server over TCP to localhost.
-# LANGS: which consumers to run (default "python python_outbox node rust go go_outbox java"); NODE_CONSUMER,
+# examples/python/pipeline.py (python_pipeline) is the README's one-round-trip form, run the same way.
+# LANGS: which consumers to run (default "python python_outbox python_pipeline node rust go go_outbox java"); NODE_CONSUMER,
 # PYTHON_CONSUMER, PYTHON_OUTBOX_CONSUMER: another consumer file to run in place of the example's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672}
 KEYS=${KEYS:-30}
 SEED=${SEED:-$RANDOM}
@@ -28,13 +28,9 @@ fail() { echo "readme_snippets: $*" >&2; exit 1; }
 bash tests/readme_sync.sh
 
 # --- pinned dependencies, installed when missing or out of date -------------------------
-source tests/python-venv.sh
-if ! cmp -s examples/node/package-lock.json examples/node/node_modules/.package-lock.json.installed 2>/dev/null; then
-  echo "readme_snippets: npm ci in examples/node"
-  (cd examples/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-  cp examples/node/package-lock.json examples/node/node_modules/.package-lock.json.installed
-fi
-export NODE_PATH=$root/examples/node/node_modules  # for a NODE_CONSUMER outside examples/node
+source tests/examples.sh
+examples_python
+examples_node
 broker() { "$venv/bin/python" tests/readme_snippets/broker.py "$@"; }
 "$venv/bin/python" -c 'import os, pika; pika.BlockingConnection(pika.URLParameters(os.environ["AMQP_URL"])).close()' \
   2>/dev/null || fail "no RabbitMQ at $AMQP_URL (set AMQP_URL)"
@@ -136,12 +132,15 @@ SQL
   fi
 }
 
-wanted() { [[ " ${LANGS:-python python_outbox node rust go go_outbox java} " == *" $1 "* ]]; }
+wanted() { [[ " ${LANGS:-python python_outbox python_pipeline node rust go go_outbox java} " == *" $1 "* ]]; }
 if wanted python; then
   run_lang python "$venv/bin/python" "${PYTHON_CONSUMER:-examples/python/consumer.py}"
 fi
 if wanted python_outbox; then
   run_lang python_outbox "$venv/bin/python" "${PYTHON_OUTBOX_CONSUMER:-examples/python/outbox.py}"
+fi
+if wanted python_pipeline; then
+  run_lang python_pipeline "$venv/bin/python" examples/python/pipeline.py
 fi
 if wanted node; then
   run_lang node node "${NODE_CONSUMER:-examples/node/consumer.js}"
@@ -151,30 +150,17 @@ fi
 if ! wanted rust; then
   :
 elif command -v cargo >/dev/null; then
-  echo "== rust: cargo build in examples/rust"
-  cargo build -q --manifest-path examples/rust/Cargo.toml --target-dir examples/rust/target
-  export DATABASE_URL="host=${PGHOST:-/var/run/postgresql} port=${PGPORT:-5432} user=${PGUSER:-$USER}${PGPASSWORD:+ password=$PGPASSWORD}"
-  run_lang rust sh -c 'DATABASE_URL="$DATABASE_URL dbname=$PGDATABASE" exec examples/rust/target/debug/idempotency-example-rust'
+  examples_rust
+  run_lang rust sh -c "$RUST_CONSUMER"
 else
   echo "== rust: no cargo here; examples/rust is only compared with the README (tests/readme_sync.sh)"
 fi
 if wanted go || wanted go_outbox; then
-  [ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] && command -v go >/dev/null ||
-    fail "no Go toolchain or pgx v4 here (make deps installs golang-go and Debian's Go packages)"
-  echo "== go: go build in examples/go (GOPATH mode, Debian's packages)"
-  (cd examples/go && GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$root/target/gocache \
-    go build -o "$root/target/go-example" .)
-  if wanted go; then run_lang go target/go-example; fi
-  if wanted go_outbox; then run_lang go_outbox env ANNOUNCE=1 target/go-example; fi
+  examples_go || fail "cannot build the Go consumer"
+  if wanted go; then run_lang go sh -c "$GO_CONSUMER"; fi
+  if wanted go_outbox; then run_lang go_outbox env ANNOUNCE=1 sh -c "$GO_CONSUMER"; fi
 fi
 if wanted java; then
-  command -v javac >/dev/null && [ -f /usr/share/java/postgresql.jar ] && [ -f /usr/share/java/amqp-client.jar ] ||
-    fail "no javac, or no Debian JDBC driver or RabbitMQ client here (make deps installs them)"
-  echo "== java: javac examples/java (Debian's pgjdbc and RabbitMQ client)"
-  rm -rf target/java-example
-  javac -d target/java-example -cp /usr/share/java/postgresql.jar:/usr/share/java/amqp-client.jar \
-    examples/java/src/main/java/example/Consumer.java
-  export JAVA_CLASSPATH=target/java-example:/usr/share/java/postgresql.jar:/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-nop.jar
-  # JDBC has no libpq variables and no Unix sockets: the same server over TCP to localhost.
-  run_lang java sh -c 'JDBC_URL="jdbc:postgresql://localhost:${PGPORT:-5432}/$PGDATABASE?user=${PGUSER:-$USER}${PGPASSWORD:+&password=$PGPASSWORD}" exec java -cp "$JAVA_CLASSPATH" example.Consumer'
+  examples_java || fail "cannot build the Java consumer"
+  run_lang java sh -c "$JAVA_CONSUMER"
 fi

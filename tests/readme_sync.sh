@@ -15,7 +15,8 @@ import difflib, pathlib, re, sys, textwrap
 
 # Each section's language blocks, and the marker prefix of their excerpts: "README:begin python"
 # for "Using it from your language", "README:begin outbox python" for the Outbox section.
-SECTIONS = {"## Using it from your language": "", "## Outbox": "outbox ", "## External calls": "external "}
+SECTIONS = {"## Using it from your language": "", "## One round trip": "pipeline ", "## Outbox": "outbox ",
+            "## External calls": "external "}
 DIRS = {"python": "python", "go": "go", "js": "node", "java": "java", "rust": "rust"}
 readme = pathlib.Path(sys.argv[1]).read_text()
 

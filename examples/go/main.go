@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"log"
 	"os"
+	"strconv"
+	"syscall"
 
 	"github.com/jackc/pgx/v4/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -49,6 +51,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	deliveries = killBeforeAck(deliveries, os.Getenv("E2E_KILL_AT_ACK"))
 	if os.Getenv("ANNOUNCE") != "" {
 		consumeAndAnnounce(ctx, pool, deliveries)
 		return
@@ -92,3 +95,37 @@ func pay(ctx context.Context, pool *pgxpool.Pool, d amqp.Delivery) error {
 }
 
 // README:end go
+
+// killBeforeAck is make e2e's crash between COMMIT and ack: with E2E_KILL_AT_ACK=N the process
+// SIGKILLs itself in place of its N-th ack, after that message's transaction committed. Unset, the
+// deliveries pass through untouched.
+func killBeforeAck(in <-chan amqp.Delivery, at string) <-chan amqp.Delivery {
+	n, err := strconv.Atoi(at)
+	if err != nil || n <= 0 {
+		return in
+	}
+	out := make(chan amqp.Delivery)
+	acks := 0
+	go func() {
+		defer close(out)
+		for d := range in {
+			d.Acknowledger = killingAcker{d.Acknowledger, &acks, n}
+			out <- d
+		}
+	}()
+	return out
+}
+
+type killingAcker struct {
+	amqp.Acknowledger
+	acks *int
+	at   int
+}
+
+func (k killingAcker) Ack(tag uint64, multiple bool) error {
+	if *k.acks++; *k.acks == k.at {
+		log.Printf("e2e: SIGKILL in place of ack %d, after its COMMIT", k.at)
+		syscall.Kill(syscall.Getpid(), syscall.SIGKILL)
+	}
+	return k.Acknowledger.Ack(tag, multiple)
+}

@@ -2,12 +2,16 @@
 //!
 //! Each message is {"order_id": ..., "amount": ...} with its idempotency key as the AMQP message_id.
 //! PostgreSQL from DATABASE_URL (a libpq connection string, "host=... user=... dbname=..."), the
-//! broker from AMQP_URL, the queue from QUEUE. The part between the README markers is the Rust
-//! snippet of README.md.
-use amiquip::{Connection, Consumer, ConsumerMessage, ConsumerOptions, Delivery, QueueDeclareOptions};
-use postgres::{Client, NoTls};
+//! broker from AMQP_URL, the queue from QUEUE. tokio-postgres and lapin; the part between the
+//! README markers is the Rust snippet of README.md.
+use futures_lite::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
 use rust_decimal::Decimal;
 use serde::Deserialize;
+use tokio_postgres::{Client, NoTls};
 
 #[derive(Deserialize)]
 struct Payment {
@@ -15,18 +19,28 @@ struct Payment {
     amount: Decimal,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut client = Client::connect(&std::env::var("DATABASE_URL")?, NoTls)?;
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Error> {
+    let (mut client, connection) = tokio_postgres::connect(&std::env::var("DATABASE_URL")?, NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            eprintln!("PostgreSQL connection ended: {e}");
+        }
+    });
     let url = std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into());
-    let mut broker = Connection::insecure_open(&url)?;
-    let channel = broker.open_channel(None)?;
-    channel.qos(0, 10, false)?;
-    let queue_name = std::env::var("QUEUE").unwrap_or_else(|_| "payments".into());
-    let queue = channel.queue_declare(queue_name, QueueDeclareOptions { durable: true, ..Default::default() })?;
-    let consumer = queue.consume(ConsumerOptions::default())?;
-    for message in consumer.receiver().iter() {
-        let ConsumerMessage::Delivery(delivery) = message else { break };
-        on_message(&mut client, &consumer, delivery)?;
+    let broker = Connection::connect(&url, ConnectionProperties::default()).await?;
+    let channel = broker.create_channel().await?;
+    channel.basic_qos(10, BasicQosOptions::default()).await?;
+    let queue = std::env::var("QUEUE").unwrap_or_else(|_| "payments".into());
+    channel.queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), FieldTable::default()).await?;
+    let mut consumer = channel
+        .basic_consume(queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await?;
+    // One message at a time, so one connection is enough.
+    while let Some(delivery) = consumer.next().await {
+        on_message(&mut client, delivery?).await?;
         if client.is_closed() {
             // The server is gone (a restart, a failover): every later message would fail and be
             // requeued at once. Exit; a supervisor starts the consumer again, on a new connection.
@@ -37,25 +51,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 // README:begin rust
-fn on_message(client: &mut Client, consumer: &Consumer, delivery: Delivery) -> amiquip::Result<()> {
-    let key = delivery.properties.message_id().clone().unwrap_or_default();
-    match pay(client, &key, &delivery.body) {
-        Ok(()) => consumer.ack(delivery), // only after COMMIT; a duplicate is acked too
+async fn on_message(client: &mut Client, delivery: Delivery) -> Result<(), lapin::Error> {
+    let key = delivery.properties.message_id().as_ref().map(|id| id.to_string()).unwrap_or_default();
+    match pay(client, &key, &delivery.data).await {
+        Ok(()) => delivery.ack(BasicAckOptions::default()).await?, // only after COMMIT; a duplicate is acked too
         Err(e) => {
             eprintln!("payment {key} rolled back, requeued: {e}");
-            consumer.nack(delivery, true) // requeue: the broker delivers it again
+            // requeue: the broker delivers it again
+            delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await?
         }
-    }
+    };
+    Ok(())
 }
 
-fn pay(client: &mut Client, key: &str, body: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
+async fn pay(client: &mut Client, key: &str, body: &[u8]) -> Result<(), Error> {
     let p: Payment = serde_json::from_slice(body)?;
-    let mut tx = client.transaction()?; // dropped without commit() on an error: ROLLBACK
-    let is_new: bool = tx.query_one("SELECT idem_claim($1, 'billing')", &[&key])?.get(0);
+    let tx = client.transaction().await?; // dropped without commit() on an error: ROLLBACK
+    let is_new: bool = tx.query_one("SELECT idem_claim($1, 'billing')", &[&key]).await?.get(0);
     if is_new {
-        tx.execute("INSERT INTO payments (order_id, amount) VALUES ($1, $2)", &[&p.order_id, &p.amount])?;
+        tx.execute("INSERT INTO payments (order_id, amount) VALUES ($1, $2)", &[&p.order_id, &p.amount]).await?;
     }
-    tx.commit()?;
+    tx.commit().await?;
     Ok(())
 }
 // README:end rust

@@ -9,12 +9,16 @@ package example;
 import com.rabbitmq.client.Channel;
 import com.rabbitmq.client.ConnectionFactory;
 import com.rabbitmq.client.DeliverCallback;
+import java.lang.reflect.InvocationHandler;
+import java.lang.reflect.InvocationTargetException;
+import java.lang.reflect.Proxy;
 import java.math.BigDecimal;
 import java.nio.charset.StandardCharsets;
 import java.sql.Connection;
 import java.sql.DriverManager;
 import java.sql.SQLException;
 import java.util.Objects;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -41,7 +45,28 @@ public final class Consumer {
     String queue = Objects.requireNonNullElse(System.getenv("QUEUE"), "payments");
     channel.queueDeclare(queue, true, false, false, null);
     channel.basicQos(10);
-    channel.basicConsume(queue, false, onMessage(conn, channel), tag -> {});
+    channel.basicConsume(queue, false, onMessage(conn, killBeforeAck(channel)), tag -> {});
+  }
+
+  // make e2e's crash between COMMIT and ack: with E2E_KILL_AT_ACK=N the process SIGKILLs itself in
+  // place of its N-th ack, after that message's transaction committed. Unset, the channel is as is.
+  static Channel killBeforeAck(Channel channel) {
+    String at = System.getenv("E2E_KILL_AT_ACK");
+    if (at == null || at.isEmpty()) return channel;
+    int n = Integer.parseInt(at);
+    var acks = new AtomicInteger();
+    InvocationHandler handler = (proxy, method, args) -> {
+      if (method.getName().equals("basicAck") && acks.incrementAndGet() == n) {
+        System.err.println("e2e: SIGKILL in place of ack " + n + ", after its COMMIT");
+        new ProcessBuilder("kill", "-KILL", Long.toString(ProcessHandle.current().pid())).start().waitFor();
+      }
+      try {
+        return method.invoke(channel, args);
+      } catch (InvocationTargetException e) {
+        throw e.getCause();
+      }
+    };
+    return (Channel) Proxy.newProxyInstance(Channel.class.getClassLoader(), new Class<?>[] {Channel.class}, handler);
   }
 
   static DeliverCallback onMessage(Connection conn, Channel channel) {

@@ -1,0 +1,53 @@
+-- The claim inside the business statement: one round trip fewer than the claim on its own.
+-- The statement's row count says whether the message was new; a duplicate inserts nothing.
+-- Each story runs on its own: the tables are made and dropped here.
+CREATE TABLE charges (order_id text PRIMARY KEY, account int NOT NULL, amount numeric NOT NULL);
+CREATE TABLE accounts (id int PRIMARY KEY, balance numeric NOT NULL);
+INSERT INTO accounts (id, balance) VALUES (1, 0), (2, 0);
+
+BEGIN;
+INSERT INTO charges (order_id, account, amount)
+SELECT 'order-1', 1, 10 WHERE idem_claim('msg-1', 'billing');
+UPDATE accounts SET balance = balance + 10 WHERE id = 1;  -- only when the INSERT said INSERT 0 1
+COMMIT;
+
+-- The duplicate: INSERT 0 0, so the consumer commits nothing more and acks.
+BEGIN;
+INSERT INTO charges (order_id, account, amount)
+SELECT 'order-1', 1, 10 WHERE idem_claim('msg-1', 'billing');
+COMMIT;
+
+-- The whole effect in one statement: claim, payment and credit. Sent alone, or with BEGIN and
+-- COMMIT in one pipeline, it is one round trip; a duplicate changes nothing.
+WITH claimed AS (SELECT idem_claim('msg-2', 'billing') AS new),
+     paid AS (INSERT INTO charges (order_id, account, amount)
+              SELECT 'order-2', 2, 25 FROM claimed WHERE new RETURNING account, amount)
+UPDATE accounts AS a SET balance = a.balance + paid.amount FROM paid WHERE a.id = paid.account;
+WITH claimed AS (SELECT idem_claim('msg-2', 'billing') AS new),
+     paid AS (INSERT INTO charges (order_id, account, amount)
+              SELECT 'order-2', 2, 25 FROM claimed WHERE new RETURNING account, amount)
+UPDATE accounts AS a SET balance = a.balance + paid.amount FROM paid WHERE a.id = paid.account;
+
+SELECT order_id, account, amount FROM charges ORDER BY order_id;
+SELECT id, balance FROM accounts ORDER BY id;
+
+-- A failure after the claim rolls the claim back with the statement: the message is new again.
+CREATE FUNCTION refuse_big() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN IF NEW.amount > 1000 THEN RAISE EXCEPTION 'amount too large'; END IF; RETURN NEW; END $$;
+CREATE TRIGGER refuse_big BEFORE INSERT ON charges FOR EACH ROW EXECUTE FUNCTION refuse_big();
+INSERT INTO charges (order_id, account, amount)
+SELECT 'order-3', 1, 5000 WHERE idem_claim('msg-3', 'billing');
+SELECT idem_claim('msg-3', 'billing') AS new_again;
+
+-- For many rows, claim in a WITH query: PostgreSQL runs a WITH query that calls a volatile
+-- function once, whereas a subquery in FROM may run again for every row of a join.
+WITH claimed AS (SELECT idem_claim('msg-4', 'billing') AS new)
+INSERT INTO charges (order_id, account, amount)
+SELECT 'order-4-' || g, 1, 1 FROM claimed, generate_series(1, 3) AS g WHERE new;
+WITH claimed AS (SELECT idem_claim('msg-4', 'billing') AS new)
+INSERT INTO charges (order_id, account, amount)
+SELECT 'order-4-' || g, 1, 1 FROM claimed, generate_series(1, 3) AS g WHERE new;
+SELECT count(*) AS rows_of_msg_4 FROM charges WHERE order_id LIKE 'order-4-%';
+
+DROP TABLE charges, accounts;
+DROP FUNCTION refuse_big();
