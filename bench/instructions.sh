@@ -8,6 +8,8 @@
 # costs, connection start-up and warm-up excluded.
 #
 #   INSTRUCTIONS_TRANSACTIONS  N (default 1000)
+#   INSTRUCTIONS_PROFILE       a directory: keeps there each script's callgrind profile of the
+#                              3N run's backend, for callgrind_annotate (<script>.callgrind)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -56,7 +58,10 @@ count() {  # count SCRIPT TRANSACTIONS: instructions of the pgbench backend
   pgbench -n -M prepared -c 1 -t "$2" -f "$HERE/$1" >/dev/null
   stop
   # The last backend forked is pgbench's.
-  grep -m1 '^summary:' "$(ls "$WORK"/cg/out.* | sort -t. -k2 -n | tail -n1)" | cut -d' ' -f2
+  local profile
+  profile=$(ls "$WORK"/cg/out.* | sort -t. -k2 -n | tail -n1)
+  [ -z "${INSTRUCTIONS_PROFILE:-}" ] || { mkdir -p "$INSTRUCTIONS_PROFILE"; cp "$profile" "$INSTRUCTIONS_PROFILE/$1.callgrind"; }
+  grep -m1 '^summary:' "$profile" | cut -d' ' -f2
 }
 
 printf '%-24s %14s\n' script instructions/transaction

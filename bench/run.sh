@@ -417,8 +417,8 @@ awk -v tsv="$BENCH_TSV" -v ext="${MED[claims:claim_ext]}" -v hand="${MED[claims:
 function verdict(ok) { return ok ? "PASS" : "MISS" }
 # A judged row: what, figure (its unit in it), ratio, target, whether it is met.
 function judged(what, figure, ratio, target, ok) {
-  printf "%-32s %16s %7.2f   %-46s %s\n", what, figure, ratio, target, verdict(ok)
-  printf "%s\t%s\t%.2f\t%s\t%s\n", what, figure, ratio, target, verdict(ok) >> tsv
+  printf "%-32s %16s %7.3f   %-46s %s\n", what, figure, ratio, target, verdict(ok)
+  printf "%s\t%s\t%.3f\t%s\t%s\n", what, figure, ratio, target, verdict(ok) >> tsv
   targets++; miss += !ok
 }
 function informational(what, figure, ratio, note) {
