@@ -56,10 +56,11 @@ def cell(version, what):
 
 
 def target(what):
-    for v in versions:
-        if what in table[v]:
-            return table[v][what]["target"]
-    return ""
+    """The row's target or note; notes that carry a version's own figures are given per version."""
+    notes = {v: table[v][what]["target"] for v in versions if what in table[v]}
+    if len(set(notes.values())) <= 1:
+        return next(iter(notes.values()), "")
+    return "; ".join(f"{v}: {note}" for v, note in notes.items())
 
 
 lines = ["| measure | " + " | ".join(versions) + " | target or note |", "|---" * (len(versions) + 2) + "|"]

@@ -30,8 +30,6 @@ async def handle(conn, msg):
     except Exception:
         log.exception("payment %s rolled back; JetStream delivers it again", payment.get("order_id"))
         await msg.nak()
-        if conn.broken:  # the server is gone: exit, a supervisor restarts us
-            raise
         return
     await msg.ack()  # only after COMMIT: a duplicate is acked too
 
@@ -44,11 +42,17 @@ async def main():
     stream, durable = os.environ["STREAM"], os.environ["DURABLE"]
     info = await js.consumer_info(stream, durable)
 
+    broken = asyncio.Event()
+
     async def on_message(msg):
         await handle(conn, msg)
+        if conn.broken:  # nats-py swallows what a callback raises, so the loop below exits
+            broken.set()
 
     await js.subscribe_bind(stream, info.config, durable, cb=on_message, manual_ack=True)
-    await asyncio.Event().wait()  # until killed
+    await broken.wait()
+    # The server is gone (a restart, a failover): exit, a supervisor restarts us.
+    raise SystemExit("the database connection is lost")
 
 
 if __name__ == "__main__":

@@ -2,19 +2,26 @@
 -- The statement's row count says whether the message was new; a duplicate inserts nothing.
 -- Each story runs on its own: the tables are made and dropped here.
 CREATE TABLE charges (order_id text PRIMARY KEY, account int NOT NULL, amount numeric NOT NULL);
-CREATE TABLE accounts (id int PRIMARY KEY, balance numeric NOT NULL);
-INSERT INTO accounts (id, balance) VALUES (1, 0), (2, 0);
+CREATE TABLE wallets (id int PRIMARY KEY, balance numeric NOT NULL);
+INSERT INTO wallets (id, balance) VALUES (1, 0), (2, 0);
 
 BEGIN;
 INSERT INTO charges (order_id, account, amount)
 SELECT 'order-1', 1, 10 WHERE idem_claim('msg-1', 'billing');
-UPDATE accounts SET balance = balance + 10 WHERE id = 1;  -- only when the INSERT said INSERT 0 1
+UPDATE wallets SET balance = balance + 10 WHERE id = 1;  -- only when the INSERT said INSERT 0 1
 COMMIT;
 
--- The duplicate: INSERT 0 0, so the consumer commits nothing more and acks.
+-- The row count the consumer reads: 1 for a new message (here a second one)...
+BEGIN;
+INSERT INTO charges (order_id, account, amount)
+SELECT 'order-5', 1, 10 WHERE idem_claim('msg-5', 'billing');
+\echo rows inserted: :ROW_COUNT
+ROLLBACK;
+-- ...and 0 for the duplicate, so the consumer commits nothing more and acks.
 BEGIN;
 INSERT INTO charges (order_id, account, amount)
 SELECT 'order-1', 1, 10 WHERE idem_claim('msg-1', 'billing');
+\echo rows inserted: :ROW_COUNT
 COMMIT;
 
 -- The whole effect in one statement: claim, payment and credit. Sent alone, or with BEGIN and
@@ -22,14 +29,14 @@ COMMIT;
 WITH claimed AS (SELECT idem_claim('msg-2', 'billing') AS new),
      paid AS (INSERT INTO charges (order_id, account, amount)
               SELECT 'order-2', 2, 25 FROM claimed WHERE new RETURNING account, amount)
-UPDATE accounts AS a SET balance = a.balance + paid.amount FROM paid WHERE a.id = paid.account;
+UPDATE wallets AS a SET balance = a.balance + paid.amount FROM paid WHERE a.id = paid.account;
 WITH claimed AS (SELECT idem_claim('msg-2', 'billing') AS new),
      paid AS (INSERT INTO charges (order_id, account, amount)
               SELECT 'order-2', 2, 25 FROM claimed WHERE new RETURNING account, amount)
-UPDATE accounts AS a SET balance = a.balance + paid.amount FROM paid WHERE a.id = paid.account;
+UPDATE wallets AS a SET balance = a.balance + paid.amount FROM paid WHERE a.id = paid.account;
 
 SELECT order_id, account, amount FROM charges ORDER BY order_id;
-SELECT id, balance FROM accounts ORDER BY id;
+SELECT id, balance FROM wallets ORDER BY id;
 
 -- A failure after the claim rolls the claim back with the statement: the message is new again.
 CREATE FUNCTION refuse_big() RETURNS trigger LANGUAGE plpgsql AS
@@ -49,5 +56,5 @@ INSERT INTO charges (order_id, account, amount)
 SELECT 'order-4-' || g, 1, 1 FROM claimed, generate_series(1, 3) AS g WHERE new;
 SELECT count(*) AS rows_of_msg_4 FROM charges WHERE order_id LIKE 'order-4-%';
 
-DROP TABLE charges, accounts;
+DROP TABLE charges, wallets;
 DROP FUNCTION refuse_big();

@@ -30,6 +30,8 @@ RUN = f"{os.getpid()}"
 KEYS = int(os.environ.get("E2E_KEYS", "40"))
 LOGS = os.environ.get("E2E_LOGS", "target/e2e")
 rows = []
+started = []  # every consumer process, killed at exit whatever happened
+queues = set()  # every queue made, deleted at exit
 
 
 def fail(message):
@@ -72,6 +74,7 @@ class Consumer:
         command = os.environ[f"E2E_CMD_{lang}"]
         self.proc = subprocess.Popen(["sh", "-c", command], env={**os.environ, **env},
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        started.append(self)
 
     def alive(self):
         return self.proc.poll() is None
@@ -112,12 +115,14 @@ def declare(queue):
     connection, channel = amqp()
     channel.queue_declare(queue, durable=True)
     connection.close()
+    queues.add(queue)
 
 
-def delete(*queues):
+def delete(*names):
     connection, channel = amqp()
-    for q in queues:
+    for q in names:
         channel.queue_delete(q)
+        queues.discard(q)
     connection.close()
 
 
@@ -224,26 +229,31 @@ def dlq_replay(lang):
     try:
         for q in (queue, dlq, replay):
             declare(q)
-        publish(queue, [m for m in msgs for _ in (1, 2)])
+        # Every message once, then every message again (a producer's resend): the later copies
+        # wait longest, so the dead letters include copies whose twin was already applied.
+        publish(queue, msgs + msgs)
         drain_rabbit(lang, name, db, queue)
         dead = queue_state(dlq)[0]
-        if dead == 0:
-            fail(f"{name}: nothing was dead-lettered; the source did not happen")
         # The replay: every dead letter back, as a shovel or an operator's script sends them.
+        paid = {o for (o,) in sql(db, "SELECT order_id FROM payments")}
         connection, channel = amqp()
         channel.confirm_delivery()
+        applied = 0
         while True:
             method, properties, body = channel.basic_get(dlq)
             if method is None:
                 break
+            applied += json.loads(body)["order_id"] in paid
             channel.basic_publish("", replay, body, pika.BasicProperties(message_id=properties.message_id, delivery_mode=2))
             channel.basic_ack(method.delivery_tag)
         connection.close()
+        if dead == 0 or applied == 0 or applied == dead:
+            fail(f"{name}: {dead} dead letters, {applied} of them already applied: the source did not happen")
         drain_rabbit(lang, name, db, replay)
     finally:
         subprocess.run(["rabbitmqctl", "-q", "clear_policy", policy], stdout=subprocess.DEVNULL)
         delete(queue, dlq, replay)
-    check("DLQ replay", lang, db, msgs, 2 * KEYS + dead, f"{dead} dead-lettered and replayed")
+    check("DLQ replay", lang, db, msgs, 2 * KEYS + dead, f"{dead} dead-lettered and replayed, {applied} already applied")
 
 
 def three_consumers(lang):
@@ -260,7 +270,11 @@ def three_consumers(lang):
     paid, queued = sql(db, "SELECT count(*) FROM payments")[0][0], queue_state(queue)[0]
     if queued == 0:
         fail(f"{name}: the queue was empty at the kill, so the killed consumer held nothing unacked")
+    if not consumers[0].alive():
+        fail(f"{name}: the consumer to kill had already exited (see {LOGS}/{name}.log)")
     consumers[0].kill()
+    if consumers[0].proc.returncode != -signal.SIGKILL:
+        fail(f"{name}: the killed consumer ended with {consumers[0].proc.returncode}, not by SIGKILL")
     drain_rabbit(lang, name, db, queue, instances=2, running=consumers[1:])
     delete(queue)
     check("3 consumers, one SIGKILLed mid-stream", lang, db, msgs, len(msgs),
@@ -344,10 +358,16 @@ SOURCES = {
 def main():
     plan = [p.split(":") for p in os.environ.get(
         "E2E_PLAN", "twice:node kill:go kill:java ackwait:python_nats dlq:python dlq:rust backfill:python_nats three:rust three:java").split()]
-    for source, lang in plan:
-        started = time.time()
-        SOURCES[source](lang)
-        print(f"e2e: {source} with {lang}: passed in {time.time() - started:.0f} s", flush=True)
+    try:
+        for source, lang in plan:
+            began = time.time()
+            SOURCES[source](lang)
+            print(f"e2e: {source} with {lang}: passed in {time.time() - began:.0f} s", flush=True)
+    finally:
+        for c in started:
+            c.kill()
+        if queues:
+            delete(*queues)
     header = ("source", "consumer", "sent", "deliveries committed", "duplicates suppressed", "effects", "lost", "doubled", "note")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print()

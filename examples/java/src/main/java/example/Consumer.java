@@ -38,7 +38,6 @@ public final class Consumer {
   public static void main(String[] args) throws Exception {
     Connection conn = DriverManager.getConnection(
         Objects.requireNonNullElse(System.getenv("JDBC_URL"), "jdbc:postgresql:///postgres"));
-    conn.setAutoCommit(false); // every message's statements are one transaction, ended by commit()
     var factory = new ConnectionFactory();
     factory.setUri(Objects.requireNonNullElse(System.getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672"));
     Channel channel = factory.newConnection().createChannel();
@@ -77,6 +76,7 @@ public final class Consumer {
       String key = delivery.getProperties().getMessageId();
       try {
         Payment p = Payment.parse(delivery.getBody());
+        conn.setAutoCommit(false); // the claim and the payment are one transaction, ended by commit()
         try {
           boolean isNew;
           try (var st = conn.prepareStatement("SELECT idem_claim(?, 'billing')")) {
