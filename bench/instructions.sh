@@ -52,14 +52,17 @@ sql -c "CREATE EXTENSION idempotency" -f "$HERE/setup.sql"
 stop
 
 count() {  # count SCRIPT TRANSACTIONS: instructions of the pgbench backend
-  rm -rf "$WORK/cg"; mkdir "$WORK/cg"; [ "$(id -u)" != 0 ] || chown postgres "$WORK/cg"
-  start valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$WORK/cg/out.%p"
+  # A directory per count: valgrind may still be writing the last one's files after pg_ctl
+  # has seen the server stop.
+  local cg
+  cg=$(mktemp -d "$WORK/cg.XXXXXX"); [ "$(id -u)" != 0 ] || chown postgres "$cg"
+  start valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$cg/out.%p"
   sql -f "$HERE/reset.sql" >/dev/null
   pgbench -n -M prepared -c 1 -t "$2" -f "$HERE/$1" >/dev/null
   stop
   # The last backend forked is pgbench's.
   local profile
-  profile=$(ls "$WORK"/cg/out.* | sort -t. -k2 -n | tail -n1)
+  profile=$cg/out.$(ls "$cg" | sed 's/^out\.//' | sort -n | tail -n1)
   [ -z "${INSTRUCTIONS_PROFILE:-}" ] || { mkdir -p "$INSTRUCTIONS_PROFILE"; cp "$profile" "$INSTRUCTIONS_PROFILE/$1.callgrind"; }
   grep -m1 '^summary:' "$profile" | cut -d' ' -f2
 }
