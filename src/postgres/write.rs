@@ -224,12 +224,15 @@ impl Permissions {
     /// # Safety
     /// `rel` must be the open relation these permissions are for.
     pub unsafe fn check(&self, rel: pg_sys::Relation) -> Result<()> {
-        catch(|| {
-            if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
-                ffi::PreventCommandIfReadOnly(if self.updates { c"UPDATE" } else { c"INSERT" }.as_ptr());
-            }
-            self.range_table.check();
-        })
+        catch(|| self.check_unguarded(rel))
+    }
+
+    /// [`Permissions::check`], raising its errors; for a caller already inside [`catch`].
+    unsafe fn check_unguarded(&self, rel: pg_sys::Relation) {
+        if pg_sys::XactReadOnly && (*(*rel).rd_rel).relpersistence as u8 != pg_sys::RELPERSISTENCE_TEMP {
+            ffi::PreventCommandIfReadOnly(if self.updates { c"UPDATE" } else { c"INSERT" }.as_ptr());
+        }
+        self.range_table.check();
     }
 }
 
@@ -284,16 +287,15 @@ fn serialization_failure(what: &str) -> ! {
 pub struct StatementSnapshot(pg_sys::Snapshot);
 
 impl StatementSnapshot {
-    pub fn take() -> Result<StatementSnapshot> {
-        // SAFETY: pushes a snapshot that release() pops; an error's abort pops it too.
-        unsafe {
-            catch(|| {
-                ffi::PushActiveSnapshot(ffi::GetTransactionSnapshot());
-                ffi::CommandCounterIncrement();
-                ffi::UpdateActiveSnapshotCommandId();
-                StatementSnapshot(ffi::GetActiveSnapshot())
-            })
-        }
+    /// Unguarded: for a caller inside [`catch`].
+    ///
+    /// # Safety
+    /// Pushes a snapshot that release() pops; an error's abort pops it too.
+    unsafe fn take() -> StatementSnapshot {
+        ffi::PushActiveSnapshot(ffi::GetTransactionSnapshot());
+        ffi::CommandCounterIncrement();
+        ffi::UpdateActiveSnapshotCommandId();
+        StatementSnapshot(ffi::GetActiveSnapshot())
     }
 
     pub fn get(&self) -> pg_sys::Snapshot {
@@ -433,14 +435,20 @@ pub unsafe fn update_where(
     changes: &[(i16, pg_sys::Datum, bool)],
     newer: impl Fn(&FoundRow) -> Result<bool>,
 ) -> Result<bool> {
-    permissions.check(rel)?;
-    // The executor's next checks, before it reads a row: a table published for updates needs
-    // a replica identity (CheckValidResultRel's 55000 or 42P10, even when no row matches).
-    catch(|| ffi::CheckCmdReplicaIdentity(rel, pg_sys::CmdType::CMD_UPDATE))?;
-    let snapshot = StatementSnapshot::take()?;
-    // The statement's command id counts as used whether or not a row changes, so the command
-    // after it gets the next one.
-    catch(|| ffi::GetCurrentCommandId(true))?;
+    // One guarded step for the checks and the snapshot: a write's fixed cost is mostly such
+    // steps, and each catch is a sigsetjmp.
+    let snapshot = catch(|| {
+        permissions.check_unguarded(rel);
+        // The executor's next checks, before it reads a row: a table published for updates
+        // needs a replica identity (CheckValidResultRel's 55000 or 42P10, even when no row
+        // matches).
+        ffi::CheckCmdReplicaIdentity(rel, pg_sys::CmdType::CMD_UPDATE);
+        let snapshot = StatementSnapshot::take();
+        // The statement's command id counts as used whether or not a row changes, so the
+        // command after it gets the next one.
+        ffi::GetCurrentCommandId(true);
+        snapshot
+    })?;
     let given = || keys.iter().copied();
     let changed = match FoundRow::find(rel, index, given(), &snapshot)? {
         Some(row) if newer(&row)? => {
@@ -481,11 +489,15 @@ impl FoundRow {
         keys: impl ExactSizeIterator<Item = (&'k KeyLookup, pg_sys::Datum)>,
         snapshot: &StatementSnapshot,
     ) -> Result<Option<FoundRow>> {
-        let mut scan_keys: Vec<pg_sys::ScanKeyData> = vec![std::mem::zeroed(); keys.len()];
+        // On the stack, left uninitialised: a unique index has at most INDEX_MAX_KEYS
+        // columns, and ScanKeyEntryInitializeWithInfo sets every field of the ones used.
+        let mut scan_keys =
+            [const { std::mem::MaybeUninit::<pg_sys::ScanKeyData>::uninit() }; pg_sys::INDEX_MAX_KEYS as usize];
+        let used = keys.len();
         let (slot, index, found) = catch(|| {
             for (scan_key, (k, given)) in scan_keys.iter_mut().zip(keys) {
                 ffi::ScanKeyEntryInitializeWithInfo(
-                    scan_key,
+                    scan_key.as_mut_ptr(),
                     0,
                     k.index_column,
                     pg_sys::BTEqualStrategyNumber as u16,
@@ -497,8 +509,9 @@ impl FoundRow {
             }
             let index = ffi::index_open(index_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
             let slot = ffi::MakeSingleTupleTableSlot((*rel).rd_att, ffi::table_slot_callbacks(rel));
-            let scan = version::begin_index_scan(rel, index, snapshot.get(), scan_keys.len() as i32);
-            ffi::index_rescan(scan, scan_keys.as_mut_ptr(), scan_keys.len() as i32, ptr::null_mut(), 0);
+            let scan = version::begin_index_scan(rel, index, snapshot.get(), used as i32);
+            // The first `used` keys were initialised above; the scan copies them.
+            ffi::index_rescan(scan, scan_keys.as_mut_ptr().cast(), used as i32, ptr::null_mut(), 0);
             let found = ffi::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
             ffi::index_endscan(scan);
             (slot, index, found)

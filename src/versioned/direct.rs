@@ -218,24 +218,22 @@ impl DirectUpdate {
     ) -> Result<bool, PgError> {
         // Values first, as a client's literals or parameters become values before the
         // statement is planned or its privileges checked.
-        let mut given_key = vec![pg_sys::Datum::from(0); self.keys.len()];
-        let mut new_values = vec![(pg_sys::Datum::from(0), true); self.changes.len()];
+        let mut keys: Vec<(&KeyLookup, pg_sys::Datum)> =
+            self.keys.iter().map(|k| (&k.lookup, pg_sys::Datum::from(0))).collect();
+        let mut new_values: Vec<(i16, pg_sys::Datum, bool)> =
+            self.changes.iter().map(|c| (c.attnum, pg_sys::Datum::from(0), true)).collect();
         catch(|| {
             for value in &self.coercions {
                 match *value {
-                    Value::Change(i) => new_values[i] = coerce(&self.changes[i].input, &changes[i].value),
-                    Value::Key(i) => {
-                        given_key[i] = coerce(&self.keys[i].column.input, &key[self.keys[i].member].value).0
+                    Value::Change(i) => {
+                        (new_values[i].1, new_values[i].2) = coerce(&self.changes[i].input, &changes[i].value)
                     }
+                    Value::Key(i) => keys[i].1 = coerce(&self.keys[i].column.input, &key[self.keys[i].member].value).0,
                 }
             }
         })?;
-        let new_version = new_values[self.version].0;
-        let keys: Vec<(&KeyLookup, pg_sys::Datum)> =
-            self.keys.iter().map(|k| &k.lookup).zip(given_key.iter().copied()).collect();
-        let changes: Vec<(i16, pg_sys::Datum, bool)> =
-            self.changes.iter().zip(&new_values).map(|(c, &(value, null))| (c.attnum, value, null)).collect();
-        update_where(rel, self.index, &keys, &self.permissions, &changes, |row| self.is_newer(row, new_version))
+        let new_version = new_values[self.version].1;
+        update_where(rel, self.index, &keys, &self.permissions, &new_values, |row| self.is_newer(row, new_version))
     }
 
     /// A stored NULL version is older than any version.
