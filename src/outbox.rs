@@ -121,23 +121,23 @@ struct Outbox {
 }
 
 impl Outbox {
-    /// The outbox's OID, and the outbox opened for a direct insert where it allows one.
-    fn open() -> Result<(pg_sys::Oid, Option<Outbox>)> {
+    fn open() -> Result<Option<Outbox>> {
         // SAFETY: the relation stays open until finish(), or until an error's abort.
         unsafe {
             let rel = OUTBOX_OIDS.with(|oids| open_owned(c"idempotency", c"outbox", oids))?;
-            let oid = (*rel).rd_id;
             // The statement finds the sequence by name when it is planned, before anything
             // else; without it, it is the statement's 42P01.
             let seq = pg_sys::get_relname_relid(c"outbox_seq".as_ptr(), (*(*rel).rd_rel).relnamespace);
             if seq == pg_sys::InvalidOid {
                 pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-                return Ok((oid, None));
+                return Ok(None);
             }
             let insert = OUTBOX_PERMISSIONS.with(|cache| {
-                cache.with(oid, &SEND_PRIVILEGES, 0, |p| DirectInsert::open(rel, &OUTBOX_SHAPE, p, &[attnum(ID)]))
+                cache.with((*rel).rd_id, &SEND_PRIVILEGES, 0, |p| {
+                    DirectInsert::open(rel, &OUTBOX_SHAPE, p, &[attnum(ID)])
+                })
             })?;
-            Ok((oid, insert.map(|insert| Outbox { insert, seq })))
+            Ok(insert.map(|insert| Outbox { insert, seq }))
         }
     }
 
@@ -168,9 +168,9 @@ impl Outbox {
     }
 }
 
-/// INSERT_MESSAGE, directly where the outbox was opened for it; true when it inserted the row.
-fn insert_message(row: &Row, outbox: Option<Outbox>) -> Result<bool> {
-    if let Some(outbox) = outbox {
+/// INSERT_MESSAGE, directly where the outbox allows it; true when it inserted the row.
+fn insert_message(row: &Row) -> Result<bool> {
+    if let Some(outbox) = Outbox::open()? {
         let inserted = outbox.insert(row)?;
         outbox.finish()?;
         return Ok(inserted);
@@ -276,6 +276,9 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
             message_id(sender.digest, n)
         }
     };
+    if let Some(ordering_key) = &message.ordering_key {
+        xact::lock_ordering_key(ordering_key.as_bytes())?;
+    }
     let text = |value: &str| value.into_datum().expect("a text datum");
     let row = Row {
         id: id.into_datum().expect("a uuid datum"),
@@ -284,20 +287,15 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
         payload: message.payload,
         headers: message.headers,
     };
-    // Opened before the ordering key's lock, which names the outbox by the OID it has now.
-    let (outbox_oid, mut outbox) = Outbox::open()?;
-    if let Some(ordering_key) = &message.ordering_key {
-        xact::lock_ordering_key(ordering_key.as_bytes(), Some(outbox_oid))?;
-    }
     // A duplicate's row can vanish (purged, or deleted by hand) between the INSERT that met it
     // and the read that compares it: the INSERT is tried again then.
     loop {
-        if insert_message(&row, outbox.take())? {
+        if insert_message(&row)? {
             break;
         }
         let same = SAME_MESSAGE.run(&row.args()[..4], |rows| (!rows.is_empty()).then(|| rows.get::<bool>(0, 1)))?;
         match same {
-            None => outbox = Outbox::open()?.1,
+            None => continue,
             Some(Some(true)) => break,
             Some(_) => {
                 return Err(IdemError::new(
@@ -350,7 +348,7 @@ sqlstate_entry!(idem_message_id_entry, pg_finfo_idem_message_id_entry, idem_mess
 
 #[pg_extern(sql = false)]
 fn ordering_key_lock(ordering_key: Option<&str>) {
-    finish(required(ordering_key, "ordering_key").and_then(|k| Ok(xact::lock_ordering_key(k.as_bytes(), None)?)));
+    finish(required(ordering_key, "ordering_key").and_then(|k| Ok(xact::lock_ordering_key(k.as_bytes())?)));
 }
 sqlstate_entry!(lock_ordering_key_entry, pg_finfo_lock_ordering_key_entry, ordering_key_lock_wrapper);
 

@@ -149,9 +149,8 @@ pub fn in_transaction_block() -> bool {
 /// savepoint is rolled back to): an exclusive lock on the object (idempotency.outbox, the
 /// first 48 bits of SHA-256 over the key), as pg_locks shows it. Two keys share a lock only
 /// when their hashes collide, which orders them together and changes nothing else. Waits as
-/// any lock does: lock_timeout, deadlock detection (40P01) and cancel apply. `outbox` is
-/// idempotency.outbox's OID when the caller has the table open already.
-pub fn lock_ordering_key(key: &[u8], outbox: Option<pg_sys::Oid>) -> Result<(), PgError> {
+/// any lock does: lock_timeout, deadlock detection (40P01) and cancel apply.
+pub fn lock_ordering_key(key: &[u8]) -> Result<(), PgError> {
     let hash = Sha256::digest(key);
     let objid = u32::from_be_bytes(hash[..4].try_into().expect("SHA-256 has 32 bytes"));
     let objsubid = u16::from_be_bytes(hash[4..6].try_into().expect("SHA-256 has 32 bytes"));
@@ -159,9 +158,8 @@ pub fn lock_ordering_key(key: &[u8], outbox: Option<pg_sys::Oid>) -> Result<(), 
     // holds nothing with a destructor across them.
     unsafe {
         catch(|| {
-            let outbox = outbox.unwrap_or_else(|| {
-                ffi::get_relname_relid(c"outbox".as_ptr(), ffi::get_namespace_oid(c"idempotency".as_ptr(), false))
-            });
+            let schema = ffi::get_namespace_oid(c"idempotency".as_ptr(), false);
+            let outbox = ffi::get_relname_relid(c"outbox".as_ptr(), schema);
             if outbox == pg_sys::InvalidOid {
                 pgrx::ereport!(
                     ERROR,
