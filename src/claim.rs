@@ -13,7 +13,7 @@ use pgrx::JsonB;
 
 use crate::digest::{abbreviate, fingerprint, parse_key, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
-use crate::postgres::spi::Statement;
+use crate::postgres::spi::{Statement, StoredJsonb};
 use crate::postgres::write::{
     attnum, open_owned, ColumnDefault, DirectInsert, Insert, InsertPrivileges, PermissionCache, Shape,
 };
@@ -139,7 +139,7 @@ enum Wait {
 struct Claim {
     claimed: bool,
     claimed_at: Option<TimestampWithTimeZone>,
-    result: Option<JsonB>,
+    result: Option<StoredJsonb>,
 }
 
 /// One delivery's arguments to a claim.
@@ -195,7 +195,7 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
     // A duplicate: read the first claim (INSERT first, then read; never the reverse).
     let first = READ_CLAIM.run(&[DatumWithOid::from(digest)], |rows| {
         (!rows.is_empty())
-            .then(|| (rows.get::<TimestampWithTimeZone>(0, 1), rows.get::<Uuid>(0, 2), rows.get::<JsonB>(0, 3)))
+            .then(|| (rows.get::<TimestampWithTimeZone>(0, 1), rows.get::<Uuid>(0, 2), rows.get_jsonb(0, 3)))
     })?;
     let Some((claimed_at, stored, result)) = first else {
         // Purged between our conflict and our read: still a duplicate, with nothing to replay.
@@ -359,7 +359,7 @@ fn idem_claim_replay(
     (
         name!(claimed, Option<bool>),
         name!(first_claimed_at, Option<TimestampWithTimeZone>),
-        name!(result, Option<JsonB>),
+        name!(result, Option<StoredJsonb>),
     ),
 > {
     let row = finish(claim(Delivery { key, scope, payload, sent_at }, Wait::Block, true))

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::digest::{abbreviate, parse_key, uuid_v8, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
-use crate::postgres::spi::Statement;
+use crate::postgres::spi::{Statement, StoredJsonb};
 use crate::postgres::xact;
 
 /// A UUID (version 8) from SHA-256 over the claim digest of (scope, key) and the step, so two
@@ -102,7 +102,7 @@ static SYNCHRONOUS_COMMIT: Statement =
 struct Recorded {
     begun_at: TimestampWithTimeZone,
     confirmed: bool,
-    response: Option<JsonB>,
+    response: Option<StoredJsonb>,
 }
 
 fn recorded(call: &Call<'_>) -> Result<Option<Recorded>> {
@@ -110,7 +110,7 @@ fn recorded(call: &Call<'_>) -> Result<Option<Recorded>> {
         (!rows.is_empty()).then(|| Recorded {
             begun_at: rows.get(0, 1).expect("begun_at is NOT NULL"),
             confirmed: rows.get(0, 2).expect("a boolean"),
-            response: rows.get(0, 3),
+            response: rows.get_jsonb(0, 3),
         })
     })?)
 }
@@ -132,7 +132,7 @@ fn own_transaction(function: &str) -> Result<()> {
     Ok(())
 }
 
-type CallState = (Option<String>, Option<String>, Option<JsonB>, Option<TimestampWithTimeZone>);
+type CallState = (Option<String>, Option<String>, Option<StoredJsonb>, Option<TimestampWithTimeZone>);
 
 fn begin(call: &Call<'_>) -> Result<CallState> {
     own_transaction("idem_call_begin")?;
@@ -251,7 +251,7 @@ fn idem_call_begin(
     (
         name!(state, Option<String>),
         name!(call_key, Option<String>),
-        name!(response, Option<JsonB>),
+        name!(response, Option<StoredJsonb>),
         name!(begun_at, Option<TimestampWithTimeZone>),
     ),
 > {

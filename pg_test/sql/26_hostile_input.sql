@@ -584,7 +584,25 @@ DROP TABLE hostile_stored;
 -- Nothing was claimed by the refused calls.
 SELECT count(*) AS refused_keys_claimed FROM idempotency.ledger WHERE key_digest = idem_digest('n-2', 'hostile');
 SELECT idem_claim('fresh-after-nesting', 'hostile') AS still_claims;
+-- A result stored deeper by other means (an UPDATE of the ledger) replays whole, as the bytes
+-- the table holds: nothing on the way back reads it as a JSON value.
+UPDATE idempotency.ledger SET result = hostile_nest(10000) WHERE key_digest = idem_digest('n-1', 'hostile');
+SELECT h.* FROM (VALUES
+  ('idem_claim_replay: replays a result 10,000 deep', $$SELECT result = hostile_nest(10000) FROM idem_claim_replay('n-1', 'hostile')$$),
+  ('idem_claim_replay: replays it with a payload given', $$SELECT result = hostile_nest(10000) FROM idem_claim_replay('n-1', 'hostile', hostile_nest(127))$$)
+) AS c(label, statement), LATERAL hostile(c.label, c.statement) AS h;
 COMMIT;
+-- So does a response, out of line and compressed or not.
+SELECT state FROM idem_call_begin('n-4', 'hostile', 'charge');
+SELECT state FROM idem_call_begin('n-5', 'hostile', 'charge');
+UPDATE idempotency.external_calls SET response = hostile_nest(10000), confirmed_at = now() WHERE key = 'n-4';
+UPDATE idempotency.external_calls SET response = (SELECT jsonb_agg(g) FROM generate_series(1, 100000) AS g), confirmed_at = now()
+WHERE key = 'n-5';
+-- (idem_call_begin refuses a transaction block, so not through hostile(), whose exception
+-- block is one.)
+SELECT state, response = hostile_nest(10000) AS replayed_whole FROM idem_call_begin('n-4', 'hostile', 'charge');
+SELECT state, jsonb_array_length(response) AS replayed_elements FROM idem_call_begin('n-5', 'hostile', 'charge');
+DELETE FROM idempotency.external_calls WHERE scope = 'hostile' AND key IN ('n-4', 'n-5');
 DROP FUNCTION hostile_nest(int);
 
 -- After all of it -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::rc::Rc;
 
-use pgrx::datum::{DatumWithOid, FromDatum};
+use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::pg_sys;
 
 use super::{catch, ffi, PgError};
@@ -159,5 +159,53 @@ impl Rows {
             let datum = pg_sys::SPI_getbinval(tuple, desc, column, &mut null);
             T::from_polymorphic_datum(datum, null, pg_sys::SPI_gettypeid(desc, column))
         }
+    }
+
+    /// A jsonb column (1-based) of row `row` (0-based), detoasted and copied into the memory
+    /// of the caller's function call, so that it outlives the connection.
+    pub fn get_jsonb(&self, row: usize, column: i32) -> Option<StoredJsonb> {
+        assert!(row < self.count, "row {row} of {}", self.count);
+        // SAFETY: as in get; the column is the caller's statement's jsonb column. SPI_palloc
+        // allocates in the memory of the procedure that connected, which SPI_finish keeps.
+        unsafe {
+            let tuple = *(*self.table).vals.add(row);
+            let desc = (*self.table).tupdesc;
+            assert_eq!(pg_sys::SPI_gettypeid(desc, column), pg_sys::JSONBOID, "column {column} is not jsonb");
+            let mut null = false;
+            let datum = pg_sys::SPI_getbinval(tuple, desc, column, &mut null);
+            if null {
+                return None;
+            }
+            let value = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+            let size = pgrx::varlena::varsize_any(value);
+            let copy = pg_sys::SPI_palloc(size);
+            std::ptr::copy_nonoverlapping(value.cast::<u8>(), copy.cast::<u8>(), size);
+            Some(StoredJsonb(pg_sys::Datum::from(copy)))
+        }
+    }
+}
+
+/// A jsonb value handed back to the caller as the bytes the table holds. pgrx's JsonB goes
+/// through serde_json, which stops at 128 levels of nesting: a result stored deeper (an UPDATE of
+/// the ledger can store one) could not be replayed.
+pub struct StoredJsonb(pg_sys::Datum);
+
+impl IntoDatum for StoredJsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+pgrx::impl_sql_translatable!(StoredJsonb, "jsonb");
+
+// SAFETY: the datum is a jsonb value in the memory of the call that returns it (see
+// Rows::get_jsonb), returned as pgrx returns its own varlena types.
+unsafe impl pgrx::callconv::BoxRet for StoredJsonb {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        fcinfo.return_raw_datum(self.0)
     }
 }
