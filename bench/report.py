@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The benchmark report: one Markdown table and one chart from what `make bench` wrote.
 
-Reads results/bench-pgNN.tsv (one per server version bench/run.sh ran on; lines starting with
+Reads docs/bench/bench-pgNN.tsv (one per server version bench/run.sh ran on, committed; lines starting with
 '#' carry the run's date and machine) and docs/bench/scale.md, the dated table of the last
 make bench-scale. Writes docs/bench/report.md and docs/bench/ratios.png, and puts the report's table between the
 README's "bench:begin" and "bench:end" markers. Run with Debian's python3, which has matplotlib
@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-results = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "results"
+results = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "bench"
 readme = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "README.md"
 out = pathlib.Path(sys.argv[3]) if len(sys.argv) > 3 else ROOT / "docs" / "bench"
 

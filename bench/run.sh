@@ -18,7 +18,8 @@
 #   PURGE_SECONDS  seconds of each claims-beside-a-purge round (default 5)
 #   CONSUMER_CLIENTS pgbench clients of the consumer-transaction run   (default 4)
 #   BENCH_TSV      where the summary's rows go, for bench/report.py
-#                  (default results/bench-pgNN.tsv in the repository)
+#                  (default docs/bench/bench-pgNN.tsv, committed, so that a run on one version
+#                  keeps the other version's figures in the report)
 #
 # The pgbench scripts are the files bench/claim_*.sql and bench/vupdate_*.sql; the schema of
 # the hand-written contenders is bench/setup.sql. Contenders that are compared share one
@@ -82,7 +83,7 @@ PGBENCH_OPTS=(-n -M prepared -c "$BENCH_CLIENTS" -j "$BENCH_CLIENTS" -T "$BENCH_
 # connection's own setting overrides the benchmark database's synchronous_commit = off.
 CONSUMER_OPTS=(-n -M prepared -c "$CONSUMER_CLIENTS" -j "$CONSUMER_CLIENTS" -T "$BENCH_SECONDS")
 CONSUMER_PGOPTIONS="${PGOPTIONS:-} -c synchronous_commit=on"
-BENCH_TSV=${BENCH_TSV:-$HERE/../results/bench-pg$(( $(scalar 'SHOW server_version_num') / 10000 )).tsv}
+BENCH_TSV=${BENCH_TSV:-$HERE/../docs/bench/bench-pg$(( $(scalar 'SHOW server_version_num') / 10000 )).tsv}
 mkdir -p "$(dirname "$BENCH_TSV")"
 
 # --- header ------------------------------------------------------------------------------
