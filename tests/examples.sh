@@ -22,8 +22,7 @@ examples_node() {
 examples_rust() {
   echo "examples: cargo build in examples/rust"
   cargo build -q --manifest-path examples/rust/Cargo.toml --target-dir examples/rust/target
-  export RUST_PG="host=${PGHOST:-/var/run/postgresql} port=${PGPORT:-5432} user=${PGUSER:-$USER}${PGPASSWORD:+ password=$PGPASSWORD}"
-  RUST_CONSUMER='DATABASE_URL="$RUST_PG dbname=$PGDATABASE" exec examples/rust/target/debug/idempotency-example-rust'
+  RUST_CONSUMER='DATABASE_URL="$(tests/conninfo.py libpq)" exec examples/rust/target/debug/idempotency-example-rust'
 }
 
 examples_go() {
@@ -48,5 +47,5 @@ examples_java() {
     examples/java/src/main/java/example/Consumer.java
   export JAVA_CLASSPATH=target/java-example:/usr/share/java/postgresql.jar:/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-nop.jar
   # JDBC has no libpq variables and no Unix sockets: the same server over TCP to localhost.
-  JAVA_CONSUMER='JDBC_URL="jdbc:postgresql://localhost:${PGPORT:-5432}/$PGDATABASE?user=${PGUSER:-$USER}${PGPASSWORD:+&password=$PGPASSWORD}" exec java -cp "$JAVA_CLASSPATH" example.Consumer'
+  JAVA_CONSUMER='JDBC_URL="$(tests/conninfo.py jdbc)" exec java -cp "$JAVA_CLASSPATH" example.Consumer'
 }

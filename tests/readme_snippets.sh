@@ -43,14 +43,9 @@ run_lang() {
   local db=snippets_readme_$lang queue=readme_snippets_${lang}_$$ log=target/readme_snippets_$lang.log
   mkdir -p target; : >"$log"
   sql -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
-  # Each insert sleeps 0.2 s in a trigger, so that a kill can be timed to land inside a
-  # payment's transaction.
+  # Each insert sleeps 0.2 s, so that a kill can be timed to land inside a payment's transaction.
+  sql -d postgres -c "ALTER DATABASE $db SET payments.insert_delay = 0.2"
   PGDATABASE=$db sql -f tests/readme_snippets/payments.sql
-  PGDATABASE=$db sql <<'SQL'
-CREATE FUNCTION slow_payment() RETURNS trigger LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM pg_sleep(0.2); RETURN NEW; END $$;
-CREATE TRIGGER slow_payment BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION slow_payment();
-SQL
   local expected_sum
   expected_sum=$(broker publish "$queue" "$KEYS" "$SEED")
   echo "== $lang: $((2 * KEYS)) messages ($KEYS keys, each twice, seed $SEED) on queue $queue"

@@ -50,12 +50,10 @@ def fresh_database(name, insert_delay):
     sql("postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     sql("postgres", f"CREATE DATABASE {db}")
     sql("postgres", f"ALTER DATABASE {db} SET idempotency.diagnostics = on")
+    sql("postgres", f"ALTER DATABASE {db} SET payments.insert_delay = {insert_delay}")
     with open("tests/readme_snippets/payments.sql") as f:
         subprocess.run(["psql", "-qXAt", "-v", "ON_ERROR_STOP=1", "-d", db], stdin=f, check=True,
                        stdout=subprocess.DEVNULL)
-    sql(db, f"""CREATE FUNCTION slow_payment() RETURNS trigger LANGUAGE plpgsql AS
-                $$ BEGIN PERFORM pg_sleep({insert_delay}); RETURN NEW; END $$""")
-    sql(db, "CREATE TRIGGER slow_payment BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION slow_payment()")
     return db
 
 
