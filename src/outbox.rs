@@ -288,15 +288,17 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
         headers: message.headers,
     };
     // A duplicate's row can vanish (purged, or deleted by hand) between the INSERT that met it
-    // and the read that compares it: the INSERT is tried again then.
-    loop {
+    // and the read that compares it: the INSERT is tried again then. Only a row that is neither
+    // inserted nor readable, every time, ends the tries: a BEFORE trigger of the DBA's that
+    // returns NULL, or a policy that hides it.
+    for _ in 0..3 {
         if insert_message(&row)? {
-            break;
+            return Ok(id);
         }
         let same = SAME_MESSAGE.run(&row.args()[..4], |rows| (!rows.is_empty()).then(|| rows.get::<bool>(0, 1)))?;
         match same {
             None => continue,
-            Some(Some(true)) => break,
+            Some(Some(true)) => return Ok(id),
             Some(_) => {
                 return Err(IdemError::new(
                     SqlState::PayloadMismatch,
@@ -307,7 +309,12 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
             }
         }
     }
-    Ok(id)
+    Err(IdemError::new(
+        SqlState::ObjectNotInPrerequisiteState,
+        format!("message {id} was neither written to idempotency.outbox nor found there"),
+    )
+    .detail("The INSERT wrote no row and met no conflict it could read, three times.")
+    .hint("A BEFORE INSERT trigger on idempotency.outbox that returns NULL, or a row-level security policy that hides the row from this role, would do this; the message is not sent."))
 }
 
 // The jsonb arguments are read as raw datums and go to the statement unconverted.

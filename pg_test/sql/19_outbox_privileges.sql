@@ -34,6 +34,37 @@ SET ROLE outbox_app;
 SELECT sqlstate_of($$SELECT idem_send('orders.paid', '{}', key => 'no-sequence')$$);
 RESET ROLE;
 
+GRANT USAGE ON SEQUENCE idempotency.outbox_seq TO outbox_app;
+
+-- A message already in the outbox that a policy hides from the sender: its INSERT conflicts
+-- and writes nothing, and its read finds nothing. That is 55000 after three tries, never a
+-- send reported done (nor a call that spins until a timeout).
+ALTER TABLE idempotency.outbox ENABLE ROW LEVEL SECURITY;
+CREATE POLICY add_any ON idempotency.outbox FOR INSERT WITH CHECK (true);
+CREATE POLICY see_own ON idempotency.outbox FOR SELECT USING (headers ->> 'tenant' = current_user);
+SELECT idem_send('orders.paid', '{}', headers => '{"tenant": "postgres"}', key => 'hidden-1') IS NOT NULL AS sent_by_owner;
+SET ROLE outbox_app;
+SET statement_timeout = '20s';
+SELECT sqlstate_of($$SELECT idem_send('orders.paid', '{}', headers => '{"tenant": "outbox_app"}', key => 'hidden-1')$$) AS hidden_message;
+SELECT idem_send('orders.paid', '{}', headers => '{"tenant": "outbox_app"}', key => 'visible-1') IS NOT NULL AS own_message;
+RESET statement_timeout;
+RESET ROLE;
+DROP POLICY add_any ON idempotency.outbox;
+DROP POLICY see_own ON idempotency.outbox;
+ALTER TABLE idempotency.outbox DISABLE ROW LEVEL SECURITY;
+
+-- So does a BEFORE trigger of the DBA's that drops the row, on either write path.
+CREATE FUNCTION drop_message() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER drop_message BEFORE INSERT ON idempotency.outbox FOR EACH ROW EXECUTE FUNCTION drop_message();
+SELECT sqlstate_of($$SELECT idem_send('orders.dropped', '{}', key => 'dropped-1')$$) AS dropped_by_trigger;
+SET idempotency.direct_writes = off;
+SELECT sqlstate_of($$SELECT idem_send('orders.dropped', '{}', key => 'dropped-1')$$) AS dropped_by_trigger_statement;
+RESET idempotency.direct_writes;
+DROP TRIGGER drop_message ON idempotency.outbox;
+DROP FUNCTION drop_message();
+SELECT topic, headers ->> 'tenant' AS tenant, count(*) FROM idempotency.outbox
+WHERE headers ? 'tenant' OR topic = 'orders.dropped' GROUP BY 1, 2 ORDER BY 1, 2;
+
 TRUNCATE idempotency.outbox;
 DROP OWNED BY outbox_app, outbox_relay;
 DROP ROLE outbox_app, outbox_relay;
