@@ -71,3 +71,22 @@ RESET client_min_messages;
 SELECT idem_claim('before-recreate') AS new_again, idem_claim('before-recreate') AS duplicate,
        idem_versioned_update('feed', '{"id": 1}', '{"status": "v7", "version": 7}') AS write_after;
 SELECT * FROM feed;
+
+-- A column's type changed under the extension: a duplicate that reads it back is 42804,
+-- never the bytes of one type read as another (a text fingerprint read as a uuid called the
+-- same payload a different one, and a json result failed inside the extension).
+BEGIN;
+SELECT idem_claim('typed-1', 'default', '{"a": 1}') AS first;
+ALTER TABLE idempotency.ledger ALTER COLUMN fingerprint TYPE text;
+SELECT sqlstate_of($$SELECT idem_claim('typed-1', 'default', '{"a": 1}')$$) AS text_fingerprint;
+ROLLBACK;
+BEGIN;
+SELECT idem_claim('typed-2') AS first;
+ALTER TABLE idempotency.ledger ALTER COLUMN result TYPE json;
+SELECT sqlstate_of($$SELECT claimed FROM idem_claim_replay('typed-2')$$) AS json_result;
+ROLLBACK;
+-- Changed back, the same duplicate is read as before.
+SELECT idem_claim('typed-3', 'default', '{"a": 1}') AS first;
+ALTER TABLE idempotency.ledger ALTER COLUMN fingerprint TYPE text;
+ALTER TABLE idempotency.ledger ALTER COLUMN fingerprint TYPE uuid USING fingerprint::uuid;
+SELECT idem_claim('typed-3', 'default', '{"a": 1}') AS duplicate;

@@ -148,31 +148,19 @@ impl Rows {
     }
 
     /// Column `column` (1-based) of row `row` (0-based), copied into Rust.
-    pub fn get<T: FromDatum>(&self, row: usize, column: i32) -> Option<T> {
-        assert!(row < self.count, "row {row} of {}", self.count);
-        // SAFETY: the row exists, the table is live (see the type), and the column number is
-        // the caller's statement's own; reading a value raises nothing.
-        unsafe {
-            let tuple = *(*self.table).vals.add(row);
-            let desc = (*self.table).tupdesc;
-            let mut null = false;
-            let datum = pg_sys::SPI_getbinval(tuple, desc, column, &mut null);
-            T::from_polymorphic_datum(datum, null, pg_sys::SPI_gettypeid(desc, column))
-        }
+    pub fn get<T: FromDatum + IntoDatum>(&self, row: usize, column: i32) -> Option<T> {
+        let (datum, null, type_oid) = self.value(row, column, T::type_oid());
+        // SAFETY: the value is of T's type or binary-coercible to it (see value).
+        unsafe { T::from_polymorphic_datum(datum, null, type_oid) }
     }
 
     /// A jsonb column (1-based) of row `row` (0-based), detoasted and copied into the memory
     /// of the caller's function call, so that it outlives the connection.
     pub fn get_jsonb(&self, row: usize, column: i32) -> Option<StoredJsonb> {
-        assert!(row < self.count, "row {row} of {}", self.count);
-        // SAFETY: as in get; the column is the caller's statement's jsonb column. SPI_palloc
-        // allocates in the memory of the procedure that connected, which SPI_finish keeps.
+        let (datum, null, _) = self.value(row, column, pg_sys::JSONBOID);
+        // SAFETY: a jsonb value (see value). SPI_palloc allocates in the memory of the
+        // procedure that connected, which SPI_finish keeps.
         unsafe {
-            let tuple = *(*self.table).vals.add(row);
-            let desc = (*self.table).tupdesc;
-            assert_eq!(pg_sys::SPI_gettypeid(desc, column), pg_sys::JSONBOID, "column {column} is not jsonb");
-            let mut null = false;
-            let datum = pg_sys::SPI_getbinval(tuple, desc, column, &mut null);
             if null {
                 return None;
             }
@@ -181,6 +169,40 @@ impl Rows {
             let copy = pg_sys::SPI_palloc(size);
             std::ptr::copy_nonoverlapping(value.cast::<u8>(), copy.cast::<u8>(), size);
             Some(StoredJsonb(pg_sys::Datum::from(copy)))
+        }
+    }
+
+    /// The value, whether it is NULL, and its type, once the type is known to read as
+    /// `expected`. The statements read the extension's own tables, whose column types a DBA
+    /// can still change: reading a text column's bytes as a uuid would give a wrong answer,
+    /// so that is 42804 instead, as a statement that cannot coerce a column raises it.
+    fn value(&self, row: usize, column: i32, expected: pg_sys::Oid) -> (pg_sys::Datum, bool, pg_sys::Oid) {
+        assert!(row < self.count, "row {row} of {}", self.count);
+        // SAFETY: the row exists, the table is live (see the type), and the column number is
+        // the caller's statement's own; reading a value raises nothing, and the type check
+        // raises an ERROR holding nothing with a destructor.
+        unsafe {
+            let tuple = *(*self.table).vals.add(row);
+            let desc = (*self.table).tupdesc;
+            let type_oid = pg_sys::SPI_gettypeid(desc, column);
+            if type_oid != expected && !pg_sys::IsBinaryCoercible(type_oid, expected) {
+                let name = |oid| std::ffi::CStr::from_ptr(pg_sys::format_type_be(oid)).to_string_lossy().into_owned();
+                pg_sys::panic::ErrorReport::new(
+                    pgrx::PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH,
+                    format!(
+                        "column \"{}\" of the extension's table is of type {}, not {}",
+                        std::ffi::CStr::from_ptr(pg_sys::SPI_fname(desc, column)).to_string_lossy(),
+                        name(type_oid),
+                        name(expected)
+                    ),
+                    "idempotency",
+                )
+                .set_hint("Its type was changed after CREATE EXTENSION; change it back with ALTER TABLE … ALTER COLUMN … TYPE.")
+                .report(pgrx::PgLogLevel::ERROR);
+            }
+            let mut null = false;
+            let datum = pg_sys::SPI_getbinval(tuple, desc, column, &mut null);
+            (datum, null, type_oid)
         }
     }
 }
