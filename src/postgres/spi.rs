@@ -179,8 +179,9 @@ impl Rows {
     fn value(&self, row: usize, column: i32, expected: pg_sys::Oid) -> (pg_sys::Datum, bool, pg_sys::Oid) {
         assert!(row < self.count, "row {row} of {}", self.count);
         // SAFETY: the row exists, the table is live (see the type), and the column number is
-        // the caller's statement's own; reading a value raises nothing, and the type check
-        // raises an ERROR holding nothing with a destructor.
+        // the caller's statement's own; reading a value raises nothing. The type check's ERROR
+        // is pgrx's panic, which unwinds through destructors; the (sub)transaction's abort
+        // pops the SPI connection it leaves open.
         unsafe {
             let tuple = *(*self.table).vals.add(row);
             let desc = (*self.table).tupdesc;
