@@ -217,6 +217,29 @@ SELECT * FROM exact_deferred ORDER BY note;
 ROLLBACK;
 DROP TABLE exact_deferred;
 
+-- A covering index's INCLUDE columns are not part of its key: the key is (id), as
+-- ON CONFLICT (id) and WHERE id = … take it, and (id, status) is no key at all.
+CREATE TABLE exact_covering (id int, status text, version int,
+                             CONSTRAINT exact_covering_pkey PRIMARY KEY (id) INCLUDE (status));
+INSERT INTO exact_covering VALUES (1, 'new', 1);
+SELECT idem_versioned_update('exact_covering', '{"id": 1}', '{"status": "paid", "version": 2}') AS covering_update,
+       idem_versioned_upsert('exact_covering', '{"id": 1, "status": "shipped", "version": 3}') AS covering_upsert;
+SELECT sqlstate_of($$SELECT idem_versioned_update('exact_covering', '{"id": 1, "status": "shipped"}', '{"version": 4}')$$) AS included_column_as_key;
+SELECT * FROM exact_covering;
+
+-- Values are read by each type's input function, as a literal and jsonb_populate_record read
+-- them, including where the cast from text is another function: regclass takes an OID,
+-- "char" an octal escape. A NOT NULL domain among the other columns does not get in the way
+-- of an array's conversion.
+CREATE DOMAIN exact_required AS varchar(4) NOT NULL;
+CREATE TABLE exact_cells (rel regclass PRIMARY KEY, letter "char", tag exact_required, cells int[], version int);
+INSERT INTO exact_cells VALUES ('pg_class', 'q', 'a', NULL, 1);
+SELECT idem_versioned_update('exact_cells', '{"rel": "1259"}', '{"letter": "\\101", "cells": [1, 2], "version": 2}') AS by_input_functions;
+SELECT idem_versioned_upsert('exact_cells', '{"rel": "1255", "letter": "b", "tag": "t", "cells": [3], "version": 1}') AS upserted_by_oid;
+SELECT rel, letter, letter = '\101'::"char" AS letter_as_literal, tag, cells, version FROM exact_cells ORDER BY rel::text;
+DROP TABLE exact_covering, exact_cells;
+DROP DOMAIN exact_required;
+
 -- The extension dropped and created again under a session that claimed before: the next
 -- claim finds the new ledger, for any role.
 CREATE ROLE recreated_app;

@@ -36,14 +36,20 @@ static RELATION: Statement = Statement {
 
 /// Each column with its type, the type's qualified name, and how a jsonb member becomes a
 /// value of it: jsonb and json keep the JSON; arrays and composites go through
-/// jsonb_populate_record, which understands JSON arrays and objects; everything else is
-/// the member's text through the type's input function.
+/// jsonb_to_record, which understands JSON arrays and objects, and so do types whose cast
+/// from text is a function other than their input (regclass's takes no OID, "char"'s takes
+/// the first byte), since jsonb_to_record reads text with the input function; everything else
+/// is the member's text cast to the type, which is that input function.
 static COLUMNS: Statement = Statement {
     sql: "SELECT a.attname::text, a.atttypid, \
                  pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname), \
                  CASE WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype THEN 'jsonb' \
                       WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.json'::pg_catalog.regtype THEN 'json' \
-                      WHEN b.typcategory OPERATOR(pg_catalog.=) 'A' OR b.typtype OPERATOR(pg_catalog.=) 'c' THEN 'record' \
+                      WHEN b.typcategory OPERATOR(pg_catalog.=) 'A' OR b.typtype OPERATOR(pg_catalog.=) 'c' \
+                        OR EXISTS (SELECT FROM pg_catalog.pg_cast k \
+                                   WHERE k.castsource OPERATOR(pg_catalog.=) 'pg_catalog.text'::pg_catalog.regtype \
+                                     AND k.casttarget OPERATOR(pg_catalog.=) b.oid AND k.castmethod OPERATOR(pg_catalog.=) 'f') \
+                      THEN 'record' \
                       ELSE 'text' END, \
                  a.attnum \
           FROM pg_catalog.pg_attribute a \
@@ -55,10 +61,14 @@ static COLUMNS: Statement = Statement {
     args: &[pg_sys::OIDOID],
 };
 
+// Only an index's first indnkeyatts columns are its key: the INCLUDE columns of a covering
+// index after them are stored, never compared, and ON CONFLICT does not name them.
 static UNIQUE_KEYS: Statement = Statement {
-    sql: "SELECT i.indisprimary, ARRAY(SELECT a.attname::text FROM pg_catalog.unnest(i.indkey) AS k(n) \
+    sql: "SELECT i.indisprimary, ARRAY(SELECT a.attname::text \
+                 FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(n, position) \
                  JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid \
-                  AND a.attnum OPERATOR(pg_catalog.=) k.n) \
+                  AND a.attnum OPERATOR(pg_catalog.=) k.n \
+                 WHERE k.position OPERATOR(pg_catalog.<=) i.indnkeyatts ORDER BY k.position) \
           FROM pg_catalog.pg_index i \
           WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique AND i.indisvalid \
             AND i.indpred IS NULL AND i.indexprs IS NULL",
@@ -145,10 +155,12 @@ impl Table {
                  THEN ({param} OPERATOR(pg_catalog.->) {member}) END)::{}",
                 c.type_name
             ),
+            // A record of this one column, not of the table: the table's other columns
+            // would be NULL in it, which a NOT NULL domain among them refuses. The typmod is
+            // left to the assignment, as for text below.
             "record" => format!(
-                "(pg_catalog.jsonb_populate_record(NULL::{table}, pg_catalog.jsonb_build_object({member}, {param} OPERATOR(pg_catalog.->) {member}))).{col}",
-                table = self.name,
-                col = quote_ident(column)
+                "(SELECT r.v FROM pg_catalog.jsonb_to_record(pg_catalog.jsonb_build_object('v', {param} OPERATOR(pg_catalog.->) {member})) AS r(v {}))",
+                c.type_name
             ),
             _ => format!("({param} OPERATOR(pg_catalog.->>) {member})::{}", c.type_name),
         })
