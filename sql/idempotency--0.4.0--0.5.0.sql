@@ -292,3 +292,45 @@ BEGIN
     ORDER BY o.seq;
 END
 $$;
+
+-- An ids array of more than one dimension is the caller's mistake: 22023, as idem_claim_many
+-- answers it, rather than the 0A000 array_position raises for such an array.
+CREATE OR REPLACE FUNCTION idem_outbox_sent(ids uuid[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  early record;
+  marked integer;
+BEGIN
+  PERFORM idempotency.require_transaction_block('idem_outbox_sent');
+  IF ids IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ids must not be NULL nor hold a NULL';
+  END IF;
+  IF array_ndims(ids) > 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = format('ids must be a one-dimensional array, not one of %s dimensions', array_ndims(ids));
+  END IF;
+  IF array_position(ids, NULL) IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ids must not be NULL nor hold a NULL';
+  END IF;
+  -- A key's messages are sent in order: none may be marked while an earlier one is pending.
+  SELECT m.id, e.id AS earlier INTO early
+  FROM idempotency.outbox AS m
+  JOIN idempotency.outbox AS e
+    ON e.ordering_key = m.ordering_key AND e.seq < m.seq
+   AND e.sent_at IS NULL AND e.set_aside_at IS NULL AND e.id <> ALL (ids)
+  WHERE m.id = ANY (ids) AND m.sent_at IS NULL
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = '55000',
+      MESSAGE = format('message %s cannot be marked sent before message %s of the same ordering key', early.id, early.earlier),
+      HINT = 'Publish a key''s messages in the order idem_outbox_take returns them, and stop the key at its first failure.';
+  END IF;
+  UPDATE idempotency.outbox AS o SET sent_at = clock_timestamp(), retry_at = NULL
+  WHERE o.id = ANY (ids) AND o.sent_at IS NULL AND o.set_aside_at IS NULL;
+  GET DIAGNOSTICS marked = ROW_COUNT;
+  RETURN marked;
+END
+$$;

@@ -158,10 +158,14 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
     let fingerprint = payload.as_ref().map(|p| fingerprint(&p.0));
 
     let columns = if fingerprint.is_some() { Columns::KeyAndFingerprint } else { Columns::Key };
+    // Whether the claim was new, and whether it went in directly: only then is claimed_at
+    // known to be now(), the default the direct path requires.
+    let direct = Cell::new(false);
     let insert = || -> Result<bool> {
         if let Some(ledger) = Ledger::open(columns)? {
             let inserted = ledger.claim(digest, scope.id, fingerprint)?;
             ledger.finish()?;
+            direct.set(true);
             return Ok(inserted);
         }
         let inserted = match fingerprint {
@@ -184,7 +188,17 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
             check_late_replay(&scope, sent_at)?;
         }
         crate::outbox::claimed(digest);
-        let claimed_at = want_replay.then(transaction_start);
+        // A DBA's own default for claimed_at (see "Extending the ledger") is what duplicates
+        // will be told, so the first delivery is told the same: it is read back.
+        let claimed_at = match (want_replay, direct.get()) {
+            (false, _) => None,
+            (true, true) => Some(transaction_start()),
+            (true, false) => READ_CLAIM
+                .run(&[DatumWithOid::from(digest)], |rows| {
+                    (!rows.is_empty()).then(|| rows.get::<TimestampWithTimeZone>(0, 1))
+                })?
+                .flatten(),
+        };
         return Ok(Claim { claimed: true, claimed_at, result: None });
     }
     crate::diagnostics::duplicates(&scope, || vec![digest])?;

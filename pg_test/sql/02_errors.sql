@@ -36,6 +36,8 @@ SELECT sqlstate_of($$SELECT idem_fingerprint(NULL)$$);
 BEGIN READ ONLY;
 SELECT sqlstate_of($$SELECT idem_claim('read-only-1')$$) AS read_only_claim;
 SELECT sqlstate_of($$SELECT idem_claim_many(ARRAY['read-only-1'])$$) AS read_only_batch;
+SELECT sqlstate_of($$SELECT idem_send('orders', '{}', key => 'read-only-1')$$) AS read_only_send;
+SELECT sqlstate_of($$SELECT idem_watermark_advance('read-only', 'p0', 1)$$) AS read_only_watermark;
 ROLLBACK;
 
 -- The same errors reach a client with their hint; psql shows them like any driver would.

@@ -27,6 +27,15 @@ INSERT INTO unordered VALUES (1, '(0,0)');
 SELECT sqlstate_of($$SELECT idem_versioned_update('unordered', '{"id": 1}', '{"version": "(1,1)"}')$$);
 SELECT sqlstate_of($$SELECT idem_version_guard('unordered')$$);
 
+-- A JSON array nested deeper than an array column's 6 dimensions: 54000, as the
+-- jsonb_populate_record the write stands for reports it.
+CREATE TABLE arrays (id int PRIMARY KEY, version int, cells int[]);
+INSERT INTO arrays VALUES (1, 1, NULL);
+SELECT sqlstate_of($$SELECT idem_versioned_update('arrays', '{"id": 1}', '{"version": 2, "cells": [[[[[[[1]]]]]]]}')$$) AS seven_dimensions;
+SELECT sqlstate_of($$SELECT (jsonb_populate_record(NULL::arrays, '{"cells": [[[[[[[1]]]]]]]}')).cells$$) AS seven_dimensions_by_hand;
+SELECT idem_versioned_update('arrays', '{"id": 1}', '{"version": 2, "cells": [[[[[[1]]]]]]}') AS six_dimensions;
+DROP TABLE arrays;
+
 -- A view is not a target; neither is a sequence.
 CREATE VIEW read_model_view AS SELECT * FROM read_model;
 CREATE SEQUENCE some_sequence;

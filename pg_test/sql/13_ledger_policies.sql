@@ -90,3 +90,24 @@ SELECT idem_claim('typed-3', 'default', '{"a": 1}') AS first;
 ALTER TABLE idempotency.ledger ALTER COLUMN fingerprint TYPE text;
 ALTER TABLE idempotency.ledger ALTER COLUMN fingerprint TYPE uuid USING fingerprint::uuid;
 SELECT idem_claim('typed-3', 'default', '{"a": 1}') AS duplicate;
+-- key_digest's type changed: the claims still decide (the INSERT assigns a digest to text),
+-- and each lookup by key_digest is 42883, as the statement it runs has no text = uuid.
+BEGIN;
+ALTER TABLE idempotency.ledger ALTER COLUMN key_digest TYPE text;
+SELECT idem_claim('typed-4') AS first, idem_claim('typed-4') AS duplicate;
+SELECT sqlstate_of($$SELECT claimed FROM idem_claim_replay('typed-4')$$) AS text_digest_replay;
+SELECT sqlstate_of($$SELECT idem_set_result('typed-4', '{}')$$) AS text_digest_result;
+ROLLBACK;
+
+-- A default of the DBA's on claimed_at: the first delivery's replay reports the stored time,
+-- as every duplicate's does (before 0.5.0 it reported the transaction's start).
+BEGIN;
+ALTER TABLE idempotency.ledger ALTER COLUMN claimed_at SET DEFAULT '2001-02-03 04:05:06+00';
+SELECT claimed, first_claimed_at = '2001-02-03 04:05:06+00' AS stored_time FROM idem_claim_replay('defaulted-1');
+SELECT claimed, first_claimed_at = '2001-02-03 04:05:06+00' AS stored_time FROM idem_claim_replay('defaulted-1');
+ROLLBACK;
+-- With the default as the extension made it, the first delivery is told its transaction's start.
+BEGIN;
+SELECT claimed, first_claimed_at = now() AS transaction_start FROM idem_claim_replay('defaulted-2');
+SELECT claimed, first_claimed_at = now() AS transaction_start FROM idem_claim_replay('defaulted-2');
+ROLLBACK;

@@ -105,6 +105,11 @@ SELECT sqlstate_of($$SELECT * FROM idem_outbox_take(0)$$);
 SELECT sqlstate_of($$SELECT * FROM idem_outbox_take(NULL)$$);
 SELECT sqlstate_of($$SELECT idem_outbox_sent(ARRAY[NULL]::uuid[])$$);
 SELECT sqlstate_of($$SELECT idem_outbox_sent(NULL)$$);
+-- More than one dimension is refused as idem_claim_many refuses it (before 0.5.0: 0A000);
+-- other lower bounds are fine, as = ANY reads them.
+SELECT sqlstate_of($$SELECT idem_outbox_sent(ARRAY[ARRAY[gen_random_uuid()], ARRAY[gen_random_uuid()]])$$);
+SELECT sqlstate_of($$SELECT idem_outbox_sent(ARRAY[ARRAY[NULL::uuid]])$$);
+SELECT idem_outbox_sent('[5:5]={00000000-0000-0000-0000-000000000000}'::uuid[]) AS marked_from_subscript_5;
 SELECT sqlstate_of($$SELECT idem_outbox_failed(NULL, 'x')$$);
 SELECT sqlstate_of($$SELECT idem_outbox_failed(gen_random_uuid(), 'x', '-1 s')$$);
 SELECT idem_outbox_failed(gen_random_uuid(), 'unknown id') AS outcome;
