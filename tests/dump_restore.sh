@@ -37,3 +37,45 @@ if [[ "$got" != "$expected" ]]; then
   exit 1
 fi
 echo "dump/restore: 1001 claims, a stored result, a watermark and the external-call ledger survived"
+
+# A ledger extended as README's "Extending the ledger" shows: pg_dump keeps its rows, not the
+# change, so a plain restore stops at the ledger's rows (it must fail, never finish without
+# them), and README's three steps restore every key with its added column.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+cat > ledger_changes.sql <<'SQL'
+ALTER TABLE idempotency.ledger ADD COLUMN tenant text DEFAULT current_user;
+CREATE INDEX ledger_tenant ON idempotency.ledger (tenant);
+SQL
+psql -qX -v ON_ERROR_STOP=1 -d postgres <<'SQL'
+SET client_min_messages = warning;
+DROP DATABASE IF EXISTS app;
+DROP DATABASE IF EXISTS restored;
+DROP DATABASE IF EXISTS restored_plain;
+CREATE DATABASE app;
+CREATE DATABASE restored;
+CREATE DATABASE restored_plain;
+SQL
+psql -qXAt -v ON_ERROR_STOP=1 -d app -c "CREATE EXTENSION idempotency" -f ledger_changes.sql \
+  -c "SELECT count(*) FILTER (WHERE idem_claim('order-' || i)) FROM generate_series(1, 100) AS i" >/dev/null
+if pg_dump -d app | psql -qX -v ON_ERROR_STOP=1 -d restored_plain >/dev/null 2>plain.err; then
+  echo "dump/restore: a plain restore of an extended ledger finished; it must stop at the ledger's rows"
+  exit 1
+fi
+grep -q 'column "tenant" of relation "ledger" does not exist' plain.err ||
+  { echo "dump/restore: the plain restore failed otherwise:"; cat plain.err; exit 1; }
+pg_dump -Fc -f app.dump app
+pg_restore --section=pre-data --exit-on-error -d restored app.dump
+psql -v ON_ERROR_STOP=1 -d restored -f ledger_changes.sql
+pg_restore --section=data --section=post-data --exit-on-error -d restored app.dump
+got=$(psql -qXAt -v ON_ERROR_STOP=1 -d restored \
+  -c "SELECT count(*) FILTER (WHERE idem_claim('order-' || i)) FROM generate_series(1, 100) AS i" \
+  -c "SELECT count(*), count(DISTINCT tenant) FROM idempotency.ledger WHERE tenant IS NOT NULL" \
+  -c "SELECT count(*) FROM pg_indexes WHERE indexname = 'ledger_tenant'")
+if [[ "$got" != $'0\n100|1\n1' ]]; then
+  printf 'dump/restore of an extended ledger: expected no new claim, 100 rows with their tenant and the index; got:\n%s\n' "$got"
+  exit 1
+fi
+psql -qX -d postgres -c "DROP DATABASE app" -c "DROP DATABASE restored" -c "DROP DATABASE restored_plain"
+echo "dump/restore: an extended ledger kept its 100 claims and its column through the three-step restore"

@@ -6,7 +6,8 @@
 # where TAG is the block's language tag;
 # every such excerpt must be in the README once, and each tag's examples live in examples/DIR
 # (python, go, node for js, java, rust). Fails, with a diff, when the two drift. Every ```sql
-# block anywhere in the README must appear, line for line, in a pg_test/sql story.
+# block anywhere in the README must appear, line for line, in a pg_test/sql story, and every
+# ```sh block that is more than make targets in a tests/*.sh script.
 # Usage: tests/readme_sync.sh [README]   (default README.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,9 +80,17 @@ sql_blocks = re.findall(r"^```sql\n(.*?)^```$", readme, flags=re.S | re.M)
 for body in sql_blocks:
     if not any(("\n" + text).find("\n" + body) >= 0 for text in stories.values()):
         failed.append(f"this ```sql block is in no pg_test/sql story, so no test runs it:\n{body}")
+# Every shell block but the make targets runs, as written, in a test script.
+scripts = [path.read_text() for path in sorted(pathlib.Path("tests").glob("*.sh"))]
+sh_blocks = re.findall(r"^```sh\n(.*?)^```$", readme, flags=re.S | re.M)
+for body in sh_blocks:
+    if all(re.match(r"make |\s+#", line) for line in body.splitlines() if line.strip()):
+        continue
+    if not any(("\n" + text).find("\n" + body) >= 0 for text in scripts):
+        failed.append(f"this ```sh block is in no tests/*.sh script, so no test runs it:\n{body}")
 if failed:
     print("readme_sync: README.md and examples/ have drifted:\n" + "\n".join(failed), file=sys.stderr)
     sys.exit(1)
 print(f"readme_sync: {len(blocks)} snippets in README.md equal their examples/ excerpts ({', '.join(t for t, _ in blocks)}), "
-      f"and its {len(sql_blocks)} SQL blocks run in pg_test/sql stories")
+      f"and its {len(sql_blocks)} SQL blocks run in pg_test/sql stories and {len(sh_blocks)} shell blocks in tests/")
 PY

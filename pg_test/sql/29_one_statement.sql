@@ -35,6 +35,13 @@ WITH claimed AS (SELECT idem_claim('msg-2', 'billing') AS new),
               SELECT 'order-2', 2, 25 FROM claimed WHERE new RETURNING account, amount)
 UPDATE wallets AS a SET balance = a.balance + paid.amount FROM paid WHERE a.id = paid.account;
 
+-- An UPDATE alone: the claim in a WITH query, never in the UPDATE's WHERE, which PostgreSQL
+-- may evaluate twice (pg_test/isolation/specs/one_statement_update.spec shows the race).
+WITH claimed AS (SELECT idem_claim('msg-6', 'billing') AS new)
+UPDATE wallets SET balance = balance + 10 FROM claimed WHERE id = 1 AND new;
+WITH claimed AS (SELECT idem_claim('msg-6', 'billing') AS new)
+UPDATE wallets SET balance = balance + 10 FROM claimed WHERE id = 1 AND new;
+
 SELECT order_id, account, amount FROM charges ORDER BY order_id;
 SELECT id, balance FROM wallets ORDER BY id;
 
