@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::digest::{abbreviate, parse_key, uuid_v8, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
-use crate::postgres::spi::{Statement, StoredJsonb};
+use crate::postgres::spi::{Statement, StoredJsonb, CONFLICT_TRIES};
 use crate::postgres::xact;
 
 /// A UUID (version 8) from SHA-256 over the claim digest of (scope, key) and the step, so two
@@ -149,7 +149,7 @@ fn begin(call: &Call<'_>) -> Result<CallState> {
     // A resolution that forgets the call may delete it between the two statements: then the
     // call is new again. Only a row that conflicts and yet cannot be read (a row-level security
     // policy of the DBA's that hides it) makes that happen every time.
-    for _ in 0..3 {
+    for _ in 0..CONFLICT_TRIES {
         if let Some(begun_at) = BEGIN_CALL.run(&args, |rows| if rows.is_empty() { None } else { rows.get(0, 1) })? {
             return Ok((Some("new".into()), Some(call.id.to_string()), None, Some(begun_at)));
         }

@@ -31,7 +31,7 @@ use std::cell::Cell;
 
 use crate::digest::{parse_key, uuid_v8, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
-use crate::postgres::spi::Statement;
+use crate::postgres::spi::{Statement, CONFLICT_TRIES};
 use crate::postgres::write::{
     attnum, open_owned, ColumnDefault, DirectInsert, Insert, InsertPrivileges, PermissionCache, Shape,
 };
@@ -291,7 +291,7 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
     // and the read that compares it: the INSERT is tried again then. Only a row that is neither
     // inserted nor readable, every time, ends the tries: a BEFORE trigger of the DBA's that
     // returns NULL, or a policy that hides it.
-    for _ in 0..3 {
+    for _ in 0..CONFLICT_TRIES {
         if insert_message(&row)? {
             return Ok(id);
         }

@@ -16,6 +16,12 @@ use pgrx::pg_sys;
 
 use super::{catch, ffi, PgError};
 
+/// How many times an INSERT that met a conflict and the read of the row it met are tried
+/// together. The row can vanish in between (purged, resolved, deleted by hand), and then the
+/// INSERT is new again; a row that is neither inserted nor readable every time is hidden
+/// from the role (a policy) or dropped (a BEFORE trigger), and tries end with an error.
+pub const CONFLICT_TRIES: usize = 3;
+
 /// A fixed statement the extension runs. Every name in `sql` is schema-qualified (operators
 /// too), so no search_path and no look-alike object can redirect it.
 pub struct Statement {
