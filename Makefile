@@ -69,7 +69,7 @@ pg18:
 
 # --- build and install -----------------------------------------------------------------
 install: deps
-	cargo pgrx install --release --pg-config $(PG_CONFIG)
+	bash tools/pgrx-install.sh $(PG_CONFIG)
 
 # --- the demo --------------------------------------------------------------------------
 demo: install

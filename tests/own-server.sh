@@ -60,7 +60,7 @@ install_extension() {
   if ! grep -qs "^pg$MAJOR = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
     cargo pgrx init "--pg$MAJOR" "$PG_CONFIG" || return
   fi
-  cargo pgrx install --release --pg-config "$PG_CONFIG"
+  bash tools/pgrx-install.sh "$PG_CONFIG"
 }
 phase install install_extension
 
