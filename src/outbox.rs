@@ -261,6 +261,12 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
         }
         _ => {}
     }
+    // The relay makes a broker header of each member: anything but an object would reach the
+    // broker without its headers.
+    if let Some(headers) = message.headers {
+        // SAFETY: a jsonb argument of the call, alive until it returns.
+        unsafe { crate::jsonb::object_members(headers, "headers")? };
+    }
     let id = match key {
         Some(key) => message_id(Scope::parse(Some("default"))?.key_digest(parse_key(Some(key), "key")?), 0),
         None => {

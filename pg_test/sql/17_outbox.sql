@@ -89,6 +89,11 @@ SELECT sqlstate_of($$SELECT idem_send('', '{}', key => 'x')$$);
 SELECT sqlstate_of($$SELECT idem_send('t', '{}', ordering_key => '', key => 'x')$$);
 SELECT sqlstate_of($$SELECT idem_send('t', '{}', key => '')$$);
 SELECT sqlstate_of($$SELECT idem_send('t', '{}', ordering_key => repeat('k', 1025), key => 'x')$$);
+-- Headers are a JSON object, or NULL: the relay makes a header of each member, and anything
+-- else would reach the broker without them (before 0.5.0 it was stored).
+SELECT sqlstate_of($$SELECT idem_send('t', '{}', headers => '[1, 2]', key => 'x')$$);
+SELECT sqlstate_of($$SELECT idem_send('t', '{}', headers => 'null', key => 'x')$$);
+SELECT sqlstate_of($$SELECT idem_send('t', '{}', headers => '"h"', key => 'x')$$);
 SELECT sqlstate_of($$SELECT idem_message_id('k', 'default', -1)$$);
 SELECT sqlstate_of($$SELECT idem_message_id('k', 'default', NULL)$$);
 

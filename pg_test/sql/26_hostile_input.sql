@@ -413,7 +413,7 @@ SELECT h.* FROM (VALUES
   ('idem_send: 1 MB topic', $$SELECT idem_send('hostile.' || repeat('t', 1048576), '{}')$$),
   ('idem_send: 10 MB payload and headers', $$SELECT idem_send('hostile.t', jsonb_build_object('blob', repeat('x', 10485760)), jsonb_build_object('h', repeat('h', 10485760)))$$),
   ('idem_send: 10,000-level payload', $$SELECT idem_send('hostile.t', (repeat('[', 10000) || repeat(']', 10000))::jsonb)$$),
-  ('idem_send: 10,000-level headers', $$SELECT idem_send('hostile.t', '{}', headers => (repeat('[', 10000) || repeat(']', 10000))::jsonb)$$),
+  ('idem_send: 10,000-level headers', $$SELECT idem_send('hostile.t', '{}', headers => ('{"h": ' || repeat('[', 10000) || repeat(']', 10000) || '}')::jsonb)$$),
   ('idem_send: 1 MB key, 10,000-level payload', $$SELECT idem_send('hostile.t', (repeat('[', 10000) || repeat(']', 10000))::jsonb, key => repeat('k', 1048576))$$),
   ('idem_send: the same again', $$SELECT idem_send('hostile.t', (repeat('[', 10000) || repeat(']', 10000))::jsonb, key => repeat('k', 1048576))$$),
   ('idem_send: one level deeper, same key', $$SELECT idem_send('hostile.t', (repeat('[', 10001) || repeat(']', 10001))::jsonb, key => repeat('k', 1048576))$$),

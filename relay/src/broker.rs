@@ -82,6 +82,9 @@ impl Brokers {
         nats_url: &Option<String>,
         confirm_timeout: Duration,
     ) -> Result<Brokers, String> {
+        if ShortString::try_new(exchange).is_err() {
+            return Err(format!("--amqp-exchange is {} bytes; RabbitMQ takes at most 255", exchange.len()));
+        }
         let mut routes = routes.to_vec();
         // Longest prefix first: the first match is the most specific.
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
@@ -147,13 +150,32 @@ impl Brokers {
         let Some(kind) = self.route(&message.topic) else {
             return Ok(Err(Outcome::Failed(format!("no --route for topic {:?}", message.topic))));
         };
-        let headers = header_pairs(message);
+        let headers = match header_pairs(message) {
+            Ok(headers) => headers,
+            Err(why) => return Ok(Err(Outcome::Failed(why))),
+        };
         match kind {
             Kind::RabbitMq => {
+                // A routing key and a header name are AMQP short strings: lapin panics on one
+                // over 255 bytes, where the message alone is at fault.
+                let short = |what: &str, text: &str| {
+                    ShortString::try_new(text).map_err(|_| {
+                        Outcome::Failed(format!("{what} is {} bytes; RabbitMQ takes at most 255", text.len()))
+                    })
+                };
+                let routing_key = match short("the topic (the routing key)", &message.topic) {
+                    Ok(key) => key,
+                    Err(refused) => return Ok(Err(refused)),
+                };
                 let exchange = ShortString::from(self.exchange.as_str());
                 let mut table = FieldTable::default();
                 for (name, value) in headers {
-                    table.insert(ShortString::from(name), AMQPValue::LongString(LongString::from(value)));
+                    match short(&format!("header name {:?}", abbreviate(&name)), &name) {
+                        Ok(name) => {
+                            table.insert(name, AMQPValue::LongString(LongString::from(value)));
+                        }
+                        Err(refused) => return Ok(Err(refused)),
+                    }
                 }
                 let properties = BasicProperties::default()
                     .with_message_id(ShortString::from(message.id.as_str()))
@@ -163,23 +185,16 @@ impl Brokers {
                 let channel = self.rabbit().await?;
                 let options = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
                 let confirm = channel
-                    .basic_publish(
-                        exchange,
-                        ShortString::from(message.topic.as_str()),
-                        options,
-                        message.payload.as_bytes(),
-                        properties,
-                    )
+                    .basic_publish(exchange, routing_key, options, message.payload.as_bytes(), properties)
                     .await
                     .map_err(|e| format!("RabbitMQ: publish: {e}"))?;
                 Ok(Ok(Pending::Rabbit(confirm)))
             }
             Kind::Nats => {
-                let mut map = async_nats::HeaderMap::new();
-                map.insert(async_nats::header::NATS_MESSAGE_ID, message.id.as_str());
-                for (name, value) in headers {
-                    map.insert(name.as_str(), value.as_str());
-                }
+                let map = match nats_headers(message, headers) {
+                    Ok(map) => map,
+                    Err(why) => return Ok(Err(Outcome::Failed(why))),
+                };
                 let js = self.nats().await?;
                 match js.publish_with_headers(message.topic.clone(), map, message.payload.clone().into()).await {
                     Ok(ack) => Ok(Ok(Pending::Nats(ack))),
@@ -254,31 +269,75 @@ impl Brokers {
     }
 }
 
-/// The message's own headers (string values as they are, others as JSON), and its ordering key.
-fn header_pairs(message: &Message) -> Vec<(String, String)> {
+/// The message's own headers (string values as they are, others as JSON), then its ordering
+/// key; Err when its headers are not a JSON object (idem_send refuses those since 0.5.0, but
+/// an older release stored them), which would otherwise go out without a word.
+fn header_pairs(message: &Message) -> Result<Vec<(String, String)>, String> {
     let mut pairs = Vec::new();
-    if let Some(serde_json::Value::Object(map)) = &message.headers {
-        for (name, value) in map {
-            let text = match value {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            pairs.push((name.clone(), text));
+    match &message.headers {
+        None => {}
+        Some(serde_json::Value::Object(map)) => {
+            for (name, value) in map {
+                let text = match value {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                pairs.push((name.clone(), text));
+            }
         }
+        Some(other) => return Err(format!("its headers are not a JSON object: {}", abbreviate(&other.to_string()))),
     }
     if let Some(key) = &message.ordering_key {
         pairs.push(("Ordering-Key".to_string(), key.clone()));
     }
-    pairs
+    Ok(pairs)
+}
+
+/// The NATS headers of a message: its id as Nats-Msg-Id, then its own, each checked as
+/// async-nats would check it with a panic. A header of its own named Nats-… is refused, since
+/// JetStream acts on them: a copied Nats-Msg-Id would make JetStream drop other messages as
+/// repeats of this one, and Nats-Expected-… or Nats-Rollup would refuse or purge messages.
+fn nats_headers(message: &Message, headers: Vec<(String, String)>) -> Result<async_nats::HeaderMap, String> {
+    let topic = &message.topic;
+    if topic.is_empty() || topic.contains([' ', '\t', '\r', '\n']) {
+        return Err(format!("the topic {:?} is no NATS subject: it is empty or holds white space", abbreviate(topic)));
+    }
+    let mut map = async_nats::HeaderMap::new();
+    map.insert(async_nats::header::NATS_MESSAGE_ID, message.id.as_str());
+    for (name, value) in headers {
+        let shown = abbreviate(&name);
+        if name.is_empty() || name.get(..5).is_some_and(|prefix| prefix.eq_ignore_ascii_case("nats-")) {
+            return Err(format!("header {shown:?}: an empty name, or one of JetStream's own Nats- headers"));
+        }
+        let name = async_nats::HeaderName::from_str(&name)
+            .map_err(|_| format!("header {shown:?}: a NATS header name is printable ASCII without ':'"))?;
+        let value = async_nats::HeaderValue::from_str(&value).map_err(|_| {
+            format!("the value of header {shown:?} holds a line break, which NATS headers cannot carry")
+        })?;
+        map.insert(name, value);
+    }
+    Ok(map)
+}
+
+/// At most 64 characters of a text a message quotes.
+fn abbreviate(text: &str) -> String {
+    match text.char_indices().nth(64) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_string(),
+    }
 }
 
 /// A JetStream error that concerns the message (retry it later) or the connection (an outage).
-fn nats_refusal(kind: PublishErrorKind, error: &dyn std::fmt::Display) -> Result<Outcome, String> {
+/// The server's own refusals (an API error in its answer, such as a stream's size or
+/// per-subject limit) concern the message, whatever kind async-nats files them under.
+fn nats_refusal(kind: PublishErrorKind, error: &(dyn std::error::Error + 'static)) -> Result<Outcome, String> {
+    let answered = error.source().is_some_and(|source| source.is::<async_nats::jetstream::Error>());
     match kind {
         PublishErrorKind::StreamNotFound
         | PublishErrorKind::MaxPayloadExceeded
         | PublishErrorKind::WrongLastMessageId
         | PublishErrorKind::WrongLastSequence => Ok(Outcome::Failed(format!("NATS JetStream refused it: {error}"))),
+        _ if answered => Ok(Outcome::Failed(format!("NATS JetStream refused it: {error}"))),
         _ => Err(format!("NATS: {error}")),
     }
 }
@@ -286,6 +345,56 @@ fn nats_refusal(kind: PublishErrorKind, error: &dyn std::fmt::Display) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn message(topic: &str, ordering_key: Option<&str>, headers: Option<serde_json::Value>) -> Message {
+        Message {
+            id: "00000000-0000-0000-0000-000000000001".into(),
+            topic: topic.into(),
+            ordering_key: ordering_key.map(String::from),
+            payload: "{}".into(),
+            headers,
+            attempts: 0,
+        }
+    }
+
+    fn nats(m: &Message) -> Result<async_nats::HeaderMap, String> {
+        nats_headers(m, header_pairs(m)?)
+    }
+
+    // Each of these made async-nats or lapin panic, which took the relay down mid-batch and
+    // then every relay that took the message again: they are the message's failures now.
+    #[test]
+    fn messages_no_broker_takes_fail_alone() {
+        use serde_json::json;
+        let refused = |m: Message| nats(&m).expect_err("refused");
+        assert!(refused(message("orders", None, Some(json!({"note": "a\nb"})))).contains("line break"));
+        assert!(refused(message("orders", Some("key\r1"), None)).contains("line break"));
+        assert!(refused(message("orders", None, Some(json!({"trace id": "x"})))).contains("printable ASCII"));
+        assert!(refused(message("orders", None, Some(json!({"café": "x"})))).contains("printable ASCII"));
+        assert!(refused(message("orders", None, Some(json!({"a:b": "x"})))).contains("printable ASCII"));
+        assert!(refused(message("orders paid", None, None)).contains("no NATS subject"));
+        assert!(refused(message("", None, None)).contains("no NATS subject"));
+        for reserved in ["Nats-Msg-Id", "nats-msg-id", "Nats-Expected-Last-Sequence", "Nats-Rollup"] {
+            assert!(refused(message("orders", None, Some(json!({reserved: "x"})))).contains("Nats-"), "{reserved}");
+        }
+        assert!(header_pairs(&message("orders", None, Some(json!([1, 2])))).is_err(), "headers as an array");
+        assert!(header_pairs(&message("orders", None, Some(json!(null)))).is_err(), "headers as JSON null");
+
+        let map =
+            nats(&message("orders.paid", Some("k1"), Some(json!({"n": 1, "s": "x", "Ordering-Key": "mine"})))).unwrap();
+        assert_eq!(map.get("Nats-Msg-Id").map(|v| v.as_str()), Some("00000000-0000-0000-0000-000000000001"));
+        assert_eq!(map.get("n").map(|v| v.as_str()), Some("1"));
+        assert_eq!(map.get("s").map(|v| v.as_str()), Some("x"));
+        assert_eq!(map.get("Ordering-Key").map(|v| v.as_str()), Some("k1"), "the ordering key is the relay's");
+    }
+
+    #[test]
+    fn an_exchange_name_over_255_bytes_is_refused_at_start() {
+        let routes: Vec<Route> = vec!["=rabbitmq".parse().unwrap()];
+        let url = Some("x".to_string());
+        assert!(Brokers::new(&routes, &url, &"e".repeat(256), &None, Duration::from_secs(1)).is_err());
+        assert!(Brokers::new(&routes, &url, &"e".repeat(255), &None, Duration::from_secs(1)).is_ok());
+    }
 
     #[test]
     fn the_longest_prefix_wins() {

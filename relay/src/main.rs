@@ -6,7 +6,7 @@
 //! stay locked until then, so several relays run side by side without sharing anything, and
 //! a relay that dies loses nothing: its transaction rolls back and its messages are pending
 //! again. A broker outage rolls the batch back too and marks nothing; the relay retries with
-//! back-off until the broker is back.
+//! back-off until the broker is back, and so it does after losing PostgreSQL.
 
 mod broker;
 
@@ -179,8 +179,22 @@ async fn relay_batch(
     Ok(Batch::Relayed)
 }
 
+/// A new connection after one failed, with back-off; None when asked to stop meanwhile.
+async fn reconnect(url: &str, stop: &AtomicBool) -> Option<Client> {
+    let mut backoff = Duration::from_millis(100);
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(backoff).await;
+        match connect(url).await {
+            Ok(client) => return Some(client),
+            Err(e) => log(format!("cannot reconnect to PostgreSQL; retrying in {backoff:?}: {e}")),
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+    None
+}
+
 async fn run(args: Args, stop: Arc<AtomicBool>) -> Result<(), String> {
-    let db = connect(&args.database_url).await.map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
+    let mut db = connect(&args.database_url).await.map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
     let mut brokers = Brokers::new(
         &args.routes,
         &args.amqp_url,
@@ -193,7 +207,21 @@ async fn run(args: Args, stop: Arc<AtomicBool>) -> Result<(), String> {
     let mut backoff = Duration::ZERO;
     log(format!("started: batches of {}, routes {:?}", args.batch_size, args.routes));
     while !stop.load(Ordering::SeqCst) {
-        match relay_batch(&db, &mut brokers, &args, &mut progress).await.map_err(|e| format!("PostgreSQL: {e}"))? {
+        let batch = match relay_batch(&db, &mut brokers, &args, &mut progress).await {
+            Ok(batch) => batch,
+            // A restart, a failover, a terminated backend, a deadlock: the server rolled the
+            // batch back, so its messages are pending again. A new connection starts afresh
+            // (an error inside the transaction would leave this one unusable until ROLLBACK).
+            Err(e) => {
+                log(format!("PostgreSQL: {e}; the batch is rolled back, reconnecting"));
+                match reconnect(&args.database_url, &stop).await {
+                    Some(client) => db = client,
+                    None => break,
+                }
+                continue;
+            }
+        };
+        match batch {
             Batch::Relayed => backoff = Duration::ZERO,
             Batch::Empty => tokio::time::sleep(Duration::from_millis(args.poll_ms)).await,
             Batch::Outage(why) => {

@@ -7,6 +7,9 @@
 //! - `a_rabbitmq_outage_marks_nothing`, `a_nats_outage_marks_nothing`: the relay reaches the
 //!   broker through a loopback TCP proxy that the test cuts: meanwhile nothing is marked sent,
 //!   and everything arrives once the proxy is back.
+//! - `messages_no_broker_takes_are_set_aside_alone`: messages that the client libraries panicked
+//!   on, or that JetStream refuses every time, fail alone and are set aside; every other
+//!   message, those behind them on their keys included, is delivered, and the relay runs on.
 //!
 //! Each test declares a uniquely named queue and stream and deletes them at the end, and runs
 //! in a database of its own. PGHOST/PGPORT/PGUSER point at the server; AMQP_URL and NATS_URL
@@ -120,6 +123,10 @@ fn address(url: &str) -> String {
 
 impl Relay {
     fn start(name: &str, dbname: &str, brokers: &Brokers, routes: &str) -> Relay {
+        Relay::start_with(name, dbname, brokers, routes, &[])
+    }
+
+    fn start_with(name: &str, dbname: &str, brokers: &Brokers, routes: &str, settings: &[(&str, &str)]) -> Relay {
         let child = Command::new(env!("CARGO_BIN_EXE_idempotency-relay"))
             .env("DATABASE_URL", format!("{} application_name={name}", pg_url(dbname)))
             .env("AMQP_URL", &brokers.amqp)
@@ -128,6 +135,7 @@ impl Relay {
             .env("RELAY_BATCH_SIZE", "50")
             .env("RELAY_LOG_EVERY_S", "5")
             .env("RELAY_CONFIRM_TIMEOUT_MS", "2000")
+            .envs(settings.iter().copied())
             .stdout(Stdio::null())
             .spawn()
             .expect("start the relay");
@@ -537,4 +545,104 @@ async fn a_rabbitmq_outage_marks_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_outage_marks_nothing() {
     an_outage_marks_nothing(Broker::Nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_no_broker_takes_are_set_aside_alone() {
+    let machine = Brokers::machine();
+    let name = unique("idem_e2e_poison");
+    let database = Database::create(&name).await;
+    let db = pg(&database.name).await;
+    let (_rabbit, admin) = declare_queue(&machine.amqp, &name).await;
+    let stream = name.to_uppercase();
+    let js = async_nats::jetstream::new(async_nats::connect(machine.nats.as_str()).await.unwrap());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![format!("{name}.>")],
+        max_message_size: 2000,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    // Topics "<name>.…" go to NATS, "<name>…" otherwise to RabbitMQ's queue <name>. Each poison
+    // message heads an ordering key of its own, with a good message behind it.
+    let ok = format!("{name}.ok");
+    let poison: [(String, &str, &str); 6] = [
+        (ok.clone(), "{}", r#"{"note": "a\nb"}"#),
+        (ok.clone(), "{}", r#"{"Nats-Msg-Id": "copied"}"#),
+        (format!("{name}.a b"), "{}", "{}"),
+        (ok.clone(), "{\"pad\": \"PAD\"}", "{}"),
+        (format!("{name}x{}", "x".repeat(300)), "{}", "{}"),
+        (ok.clone(), "{}", r#"{"trace id": "x"}"#),
+    ];
+    for (i, (topic, payload, headers)) in poison.iter().enumerate() {
+        db.execute(
+            "SELECT idem_send($1, replace($2, 'PAD', repeat('p', 3000))::jsonb, $3::text::jsonb, ordering_key => 'p' || $4::text, key => 'poison-' || $4::text)",
+            &[topic, payload, headers, &(i as i64).to_string()],
+        )
+        .await
+        .unwrap();
+        db.execute(
+            "SELECT idem_send($1, '{}', ordering_key => 'p' || $2::text, key => 'behind-' || $2::text)",
+            &[&ok, &(i as i64).to_string()],
+        )
+        .await
+        .unwrap();
+    }
+    // Headers that are not an object, as a release before 0.5.0 stored them.
+    db.execute("SELECT idem_send($1, '{}', ordering_key => 'p6', key => 'poison-6')", &[&ok]).await.unwrap();
+    db.execute("SELECT idem_send($1, '{}', ordering_key => 'p6', key => 'behind-6')", &[&ok]).await.unwrap();
+    db.execute(
+        "UPDATE idempotency.outbox SET headers = '[1, 2]' WHERE id = idem_message_id('poison-6', 'default', 0)",
+        &[],
+    )
+    .await
+    .unwrap();
+    db.execute(
+        "SELECT count(idem_send(CASE WHEN n % 2 = 0 THEN $1 ELSE $2 END, '{}', key => 'good-' || n)) FROM generate_series(1, 40) AS n",
+        &[&ok, &name],
+    )
+    .await
+    .unwrap();
+
+    let routes = format!("{name}.=nats,{name}=rabbitmq");
+    let mut relay = Relay::start_with(
+        "e2e-poison-relay",
+        &database.name,
+        &machine,
+        &routes,
+        &[("RELAY_MAX_ATTEMPTS", "2"), ("RELAY_RETRY_AFTER_MS", "10")],
+    );
+    wait_for("every message sent or set aside", async || {
+        count(&db, "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL AND set_aside_at IS NULL").await == 0
+    })
+    .await;
+    assert!(relay.0.try_wait().unwrap().is_none(), "the relay exited on a message");
+
+    let set_aside: Vec<(String, i32, String)> = db
+        .query(
+            "SELECT idem_message_id('poison-' || n, 'default', 0)::text, attempts, coalesce(last_error, '') \
+             FROM generate_series(0, 6) AS n JOIN idempotency.outbox ON id = idem_message_id('poison-' || n, 'default', 0) \
+             WHERE set_aside_at IS NOT NULL ORDER BY n",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(set_aside.len(), 7, "every poison message is set aside: {set_aside:?}");
+    for (id, attempts, error) in &set_aside {
+        assert_eq!(*attempts, 2, "{id}: set aside after its attempts ({error})");
+        assert!(!error.is_empty(), "{id}: its reason is kept");
+    }
+    let sent = count(&db, "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NOT NULL").await;
+    assert_eq!(sent, 7 + 40, "the messages behind the poison ones, and every other one, were sent");
+    assert!(relay.stop().success());
+
+    let in_stream = js.get_stream(&stream).await.unwrap().info().await.unwrap().state.messages;
+    assert_eq!(in_stream, 7 + 20, "JetStream holds the good messages, none dropped as a repeat of a copied id");
+    js.delete_stream(&stream).await.unwrap();
+    admin.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
 }
