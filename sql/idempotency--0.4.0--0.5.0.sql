@@ -334,3 +334,154 @@ BEGIN
   RETURN marked;
 END
 $$;
+
+
+-- Retention is reckoned in UTC: now() - '60 days' in a session whose TimeZone has a
+-- daylight-saving change within those days is an hour off, and the purge (pg_cron's session,
+-- the server's zone) and a consumer's late-replay guard (a JDBC session, the JVM's zone)
+-- disagreed by that hour both ways: a claim purged an hour before it expired, or a late
+-- replay trusted an hour after its claim was purged. The guard in the library subtracts the
+-- same way (src/retention.rs).
+CREATE FUNCTION idempotency.expired_before(span interval) RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', pg_catalog.now()) OPERATOR(pg_catalog.-) span);
+COMMENT ON FUNCTION idempotency.expired_before(interval) IS
+  'The cutoff of a retention: now() less span, subtracted in UTC whatever the session''s TimeZone.';
+
+-- The retention of undeclared scopes that the purge keeps: the longest of its own session's
+-- idempotency.default_retention and every ALTER ROLE / ALTER DATABASE value for this
+-- database, since a consumer's role may keep claims longer than the purge's role would.
+CREATE FUNCTION idempotency.longest_default_retention() RETURNS interval
+LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'idem_longest_default_retention_entry';
+COMMENT ON FUNCTION idempotency.longest_default_retention() IS
+  'The longest idempotency.default_retention of this session and of every role and database setting for this database: what the purge keeps undeclared scopes'' claims for.';
+
+CREATE OR REPLACE PROCEDURE idem_purge(batch_blocks integer DEFAULT 256, pause interval DEFAULT '0',
+                            INOUT deleted bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+  tables pg_catalog.regclass[] := ARRAY['idempotency.ledger', 'idempotency.outbox', 'idempotency.external_calls',
+                                        'idempotency.duplicates']::pg_catalog.regclass[];
+  sizes pg_catalog.int8[] := '{}';
+  run bigint;
+  total_blocks bigint := 0;
+  done_blocks bigint := 0;
+  table_start bigint;
+  phase integer;
+  over_budget record;
+  first_block bigint;
+  last_block bigint;
+  removed bigint;
+  undeclared pg_catalog.interval;
+BEGIN
+  IF batch_blocks IS NULL OR batch_blocks OPERATOR(pg_catalog.<) 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = pg_catalog.format('batch_blocks must be at least 1, not %s', COALESCE(batch_blocks::pg_catalog.text, 'NULL'));
+  END IF;
+  IF pause IS NULL OR pause OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = pg_catalog.format('pause must be zero or more, not %s', COALESCE(pause::pg_catalog.text, 'NULL'));
+  END IF;
+  deleted := 0;
+  -- Once per run: it reads the catalog.
+  undeclared := idempotency.longest_default_retention();
+  -- Blocks are counted across the tables, in the order above.
+  FOR phase IN 1 .. pg_catalog.array_length(tables, 1) LOOP
+    sizes := sizes OPERATOR(pg_catalog.||) (pg_catalog.pg_relation_size(tables[phase])
+             OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8);
+    total_blocks := total_blocks OPERATOR(pg_catalog.+) sizes[phase];
+  END LOOP;
+  INSERT INTO idempotency.purge_runs (blocks) VALUES (total_blocks) RETURNING run_id INTO run;
+  COMMIT;
+  phase := 1;
+  table_start := 0;
+  WHILE done_blocks OPERATOR(pg_catalog.<) total_blocks LOOP
+    -- (Operators written OPERATOR(...) all bind alike, left to right: hence the parentheses.)
+    WHILE done_blocks OPERATOR(pg_catalog.>=) (table_start OPERATOR(pg_catalog.+) sizes[phase]) LOOP
+      table_start := table_start OPERATOR(pg_catalog.+) sizes[phase];
+      phase := phase OPERATOR(pg_catalog.+) 1;
+    END LOOP;
+    first_block := done_blocks OPERATOR(pg_catalog.-) table_start;
+    -- The last table's range is open-ended: it catches the blocks it grew by meanwhile.
+    last_block := CASE WHEN phase OPERATOR(pg_catalog.=) pg_catalog.array_length(tables, 1)
+                       THEN first_block OPERATOR(pg_catalog.+) batch_blocks
+                       ELSE LEAST(first_block OPERATOR(pg_catalog.+) batch_blocks, sizes[phase]) END;
+    IF phase OPERATOR(pg_catalog.=) 1 THEN
+      DELETE FROM idempotency.ledger AS l
+      WHERE l.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND l.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND l.claimed_at OPERATOR(pg_catalog.<) idempotency.expired_before(COALESCE(
+              (SELECT s.retention FROM idempotency.scopes AS s WHERE s.scope_id OPERATOR(pg_catalog.=) l.scope_id),
+              undeclared));
+    ELSIF phase OPERATOR(pg_catalog.=) 2 THEN
+      DELETE FROM idempotency.outbox AS o
+      WHERE o.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND o.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND o.sent_at OPERATOR(pg_catalog.<) idempotency.expired_before(@extschema@.idem_outbox_retention());
+    ELSIF phase OPERATOR(pg_catalog.=) 3 THEN
+      DELETE FROM idempotency.external_calls AS c
+      WHERE c.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND c.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND c.confirmed_at OPERATOR(pg_catalog.<) idempotency.expired_before(COALESCE(
+              (SELECT s.retention FROM idempotency.scopes AS s WHERE s.scope OPERATOR(pg_catalog.=) c.scope),
+              undeclared));
+    ELSE
+      DELETE FROM idempotency.duplicates AS d
+      WHERE d.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
+        AND d.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
+        AND d.seen_at OPERATOR(pg_catalog.<) idempotency.expired_before(@extschema@.idem_diagnostics_retention());
+    END IF;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    deleted := deleted OPERATOR(pg_catalog.+) removed;
+    done_blocks := LEAST(table_start OPERATOR(pg_catalog.+) last_block, total_blocks);
+    UPDATE idempotency.purge_runs AS p
+       SET blocks_done = done_blocks,
+           batches = p.batches OPERATOR(pg_catalog.+) 1, deleted = p.deleted OPERATOR(pg_catalog.+) removed
+     WHERE p.run_id OPERATOR(pg_catalog.=) run;
+    COMMIT;
+    IF pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
+       AND done_blocks OPERATOR(pg_catalog.<) total_blocks THEN
+      PERFORM pg_catalog.pg_sleep(pg_catalog.date_part('epoch', pause));
+    END IF;
+  END LOOP;
+  UPDATE idempotency.purge_runs AS p SET finished_at = pg_catalog.clock_timestamp()
+   WHERE p.run_id OPERATOR(pg_catalog.=) run;
+  -- The history keeps a month of runs, interrupted ones included.
+  DELETE FROM idempotency.purge_runs AS p
+   WHERE p.started_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) '30 days'::pg_catalog.interval);
+  COMMIT;
+  -- What is left once everything expired is gone: a scope still over its budget keeps
+  -- growing faster than its retention lets it shrink.
+  -- (Read from the scopes and the ledger, which a maintenance role may read, not through a view.)
+  FOR over_budget IN
+      SELECT sc.scope, e.claims, sc.row_budget,
+             pg_catalog.round(e.claims_since OPERATOR(pg_catalog.*) pg_catalog.date_part('epoch', sc.retention)
+                              OPERATOR(pg_catalog./) 86400)::pg_catalog.int8 AS projected
+      FROM idempotency.scopes AS sc
+      JOIN idempotency.ledger_estimate('1 day') AS e ON e.scope_id OPERATOR(pg_catalog.=) sc.scope_id
+      WHERE e.claims OPERATOR(pg_catalog.>) sc.row_budget LOOP
+    RAISE WARNING USING ERRCODE = 'ID005',
+      MESSAGE = pg_catalog.format('scope "%s" holds about %s claims, over its budget of %s',
+                                  over_budget.scope, over_budget.claims, over_budget.row_budget),
+      DETAIL = pg_catalog.format('At its rate of the last day it would hold about %s claims for its retention.', over_budget.projected),
+      HINT = 'Its claims arrive faster than they expire. Shorten its retention (idem_declare_scope), raise the budget (idem_scope_budget), or find out why its rate grew (idem_diagnostics).';
+  END LOOP;
+END
+$$;
+
+-- A run cancelled in a session that then calls idem_purge again was shown 'running' beside
+-- the new run: only a run its session's current statement started is running.
+CREATE OR REPLACE VIEW idempotency.purge_progress AS
+SELECT p.run_id, p.pid, p.started_at, p.finished_at,
+       CASE WHEN p.finished_at IS NOT NULL THEN 'finished'
+            WHEN a.pid IS NULL THEN 'interrupted'
+            WHEN a.query IS NULL OR a.query = '<insufficient privilege>' THEN 'unknown'
+            WHEN a.state = 'active' AND a.query ~* 'idem_purge' AND a.query_start <= p.started_at THEN 'running'
+            ELSE 'interrupted' END AS state,
+       p.blocks_done, p.blocks,
+       round(100.0 * p.blocks_done / GREATEST(p.blocks, 1), 1) AS percent_done,
+       p.batches, p.deleted
+FROM idempotency.purge_runs AS p
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = p.pid AND a.backend_start <= p.started_at;

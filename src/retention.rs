@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
 use crate::digest::{abbreviate, Scope};
-use crate::error::{warn, IdemError, Result, SqlState};
+use crate::error::{sqlstate_entry, warn, IdemError, Result, SqlState};
 use crate::postgres::spi::Statement;
 
 /// Seven days, NServiceBus's KeepDeduplicationDataFor default: long enough for a week-end's
@@ -42,8 +42,15 @@ fn default_retention() -> Interval {
     seconds_interval(DEFAULT_RETENTION.get())
 }
 
+// Late means sent before the purge's cutoff, reckoned as the purge reckons it (sql/
+// idempotency--0.4.0--0.5.0.sql, idempotency.expired_before): retention subtracted in UTC, so
+// that a day is 24 hours whatever the session's TimeZone and its daylight-saving changes. From
+// the clock, not the transaction's start: a purge that committed while this transaction ran
+// has cut at a later time than its start, and may have removed the claim of an earlier delivery.
+// Written out rather than calling that function, which the SQL of older releases lacks.
 static LATE: Statement = Statement {
-    sql: "SELECT $2 OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(s.retention, $3)), \
+    sql: "SELECT $2 OPERATOR(pg_catalog.<) pg_catalog.timezone('UTC', \
+                 pg_catalog.timezone('UTC', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) COALESCE(s.retention, $3)), \
                  COALESCE(s.late_replay, 'error'), COALESCE(s.retention, $3)::text \
           FROM (VALUES (1)) AS one(x) \
           LEFT JOIN idempotency.scopes AS s ON s.scope_id OPERATOR(pg_catalog.=) $1",
@@ -78,3 +85,48 @@ pub fn check_late_replay(scope: &Scope<'_>, sent_at: TimestampWithTimeZone) -> R
 fn idem_default_retention() -> Interval {
     default_retention()
 }
+
+// The setting as postgresql.conf, ALTER DATABASE and ALTER ROLE left it for this database.
+static STORED_DEFAULT_RETENTIONS: Statement = Statement {
+    sql: "SELECT pg_catalog.split_part(c, '=', 2) \
+          FROM pg_catalog.pg_db_role_setting AS s, pg_catalog.unnest(s.setconfig) AS c \
+          WHERE s.setdatabase OPERATOR(pg_catalog.=) ANY (ARRAY[0, $1]::pg_catalog.oid[]) \
+            AND pg_catalog.lower(pg_catalog.split_part(c, '=', 1)) OPERATOR(pg_catalog.=) 'idempotency.default_retention'",
+    args: &[pg_sys::OIDOID],
+};
+
+/// The longest retention any role's session in this database may use for undeclared scopes:
+/// the purge runs as a role of its own (pg_cron's, a superuser), while a consumer's role may
+/// have a longer one of its own (ALTER ROLE … SET), by which its late-replay guard trusts
+/// claims the purge would otherwise remove. A stored value no session could parse is skipped,
+/// as those sessions fall back to the default.
+fn longest_default_retention() -> Result<Interval> {
+    // SAFETY: reads the backend's database OID, set once connected.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    let stored: Vec<String> = STORED_DEFAULT_RETENTIONS.run(&[DatumWithOid::from(database)], |rows| {
+        (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
+    })?;
+    let longest = stored
+        .iter()
+        .filter_map(|value| {
+            let value = std::ffi::CString::new(value.as_str()).ok()?;
+            let mut seconds = 0;
+            // SAFETY: parses a C string into an int, as the setting's own check would.
+            let parsed = unsafe {
+                pg_sys::parse_int(value.as_ptr(), &mut seconds, pg_sys::GUC_UNIT_S as i32, std::ptr::null_mut())
+            };
+            (parsed && seconds >= 1).then_some(seconds)
+        })
+        .fold(DEFAULT_RETENTION.get(), i32::max);
+    Ok(seconds_interval(longest))
+}
+
+#[pg_extern(sql = false)]
+fn idem_longest_default_retention() -> Option<Interval> {
+    crate::error::finish(longest_default_retention())
+}
+sqlstate_entry!(
+    idem_longest_default_retention_entry,
+    pg_finfo_idem_longest_default_retention_entry,
+    idem_longest_default_retention_wrapper
+);

@@ -104,6 +104,50 @@ SELECT idem_claim('late-3', 'audit', NULL, now() - interval '3 days') AS process
 SELECT idem_claim('late-4', 'orders', NULL, now() + interval '1 hour') AS future,
        idem_claim('late-5', 'orders', NULL, NULL) AS no_sent_at;
 
+-- "Older" is measured from the clock, not from the transaction's start: a purge committed
+-- while this transaction ran may have removed claims younger than its start. (A message
+-- sent as the transaction began is 3 seconds old here, past a 2-second retention.)
+SELECT scope FROM idem_declare_scope('brief', '2 seconds', buffer => '0');
+BEGIN;
+SELECT pg_sleep(3);
+SELECT sqlstate_of($$SELECT idem_claim('late-6', 'brief', NULL, now())$$) AS sent_as_the_transaction_began;
+ROLLBACK;
+
+-- Retention is reckoned in UTC, so a day is 24 hours whatever the session's TimeZone: the
+-- purge's cutoff is the same in every zone (before 0.5.0 a daylight-saving change within
+-- the span moved it by an hour), and the guard's agrees with it.
+BEGIN;
+SET LOCAL TimeZone = 'UTC';
+CREATE TEMP TABLE cutoffs ON COMMIT DROP AS
+  SELECT 'UTC' AS zone, idempotency.expired_before('60 days') AS cutoff, now() - interval '60 days' AS by_hand;
+SET LOCAL TimeZone = 'America/New_York';
+INSERT INTO cutoffs SELECT 'America/New_York', idempotency.expired_before('60 days');
+SET LOCAL TimeZone = 'Australia/Sydney';
+INSERT INTO cutoffs SELECT 'Australia/Sydney', idempotency.expired_before('60 days');
+SELECT count(DISTINCT cutoff) AS distinct_cutoffs, bool_and(cutoff = (SELECT by_hand FROM cutoffs WHERE zone = 'UTC')) AS as_in_utc
+FROM cutoffs;
+COMMIT;
+SELECT scope FROM idem_declare_scope('sixty', '60 days', buffer => '0');
+SET TimeZone = 'America/New_York';
+SELECT sqlstate_of($$SELECT idem_claim('late-7', 'sixty', NULL, idempotency.expired_before('60 days') - interval '1 second')$$) AS just_past;
+SELECT idem_claim('late-8', 'sixty', NULL, idempotency.expired_before('60 days') + interval '1 minute') AS just_within;
+RESET TimeZone;
+
+-- A role of its own may keep undeclared scopes longer (ALTER ROLE … SET): the purge, whoever
+-- runs it, keeps their claims for the longest value any role of this database has.
+CREATE ROLE retention_consumer;
+DO $$ BEGIN
+  EXECUTE format('ALTER ROLE retention_consumer IN DATABASE %I SET idempotency.default_retention = %L',
+                 current_database(), '30d');
+END $$;
+SELECT idempotency.longest_default_retention() AS kept_by_the_purge, idem_default_retention() AS this_session;
+TRUNCATE idempotency.ledger;
+SELECT claim_aged('undeclared', '10 days', 5), claim_aged('undeclared', '31 days', 5);
+CALL idem_purge();
+SELECT * FROM ages WHERE scope = 'undeclared';
+DROP ROLE retention_consumer;
+SELECT idempotency.longest_default_retention() AS without_it;
+
 -- Without pg_cron in this database, scheduling says what to install and configure.
 SELECT sqlstate_of($$SELECT idem_schedule_purge()$$);
 SELECT idem_unschedule_purge() AS nothing_to_unschedule;
