@@ -79,6 +79,15 @@ SELECT sqlstate_of($$SELECT idem_schedule_purge(pause => NULL)$$);
 SELECT claim_aged('paused', '30 days', 300);
 CALL idem_purge(batch_blocks => 1, pause => '1 ms');
 SELECT state, batches > 1 AS several_batches FROM idempotency.purge_progress ORDER BY run_id DESC LIMIT 1;
+-- A run its session no longer runs is interrupted, even while that session's current
+-- statement mentions idem_purge (a new CALL, or this query): only a run the current
+-- statement started is running. (An interrupted run of this session: it started as the
+-- session did.)
+INSERT INTO idempotency.purge_runs (blocks, started_at)
+SELECT 7, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid();
+SELECT state AS earlier_run_of_this_session, 'idem_purge' AS mentioned
+FROM idempotency.purge_progress WHERE blocks = 7;
+DELETE FROM idempotency.purge_runs WHERE blocks = 7 AND finished_at IS NULL;
 -- The purge commits between batches, so it must be called outside a transaction block.
 BEGIN;
 CALL idem_purge();
