@@ -86,38 +86,80 @@ fn idem_default_retention() -> Interval {
     default_retention()
 }
 
-// The setting as postgresql.conf, ALTER DATABASE and ALTER ROLE left it for this database.
+// The setting as ALTER DATABASE and ALTER ROLE stored it for this database: (for a database,
+// for a role) with 0 for "any", and the value as written.
 static STORED_DEFAULT_RETENTIONS: Statement = Statement {
-    sql: "SELECT pg_catalog.split_part(c, '=', 2) \
+    sql: "SELECT s.setdatabase OPERATOR(pg_catalog.<>) 0, s.setrole OPERATOR(pg_catalog.<>) 0, \
+                 pg_catalog.split_part(c, '=', 2) \
           FROM pg_catalog.pg_db_role_setting AS s, pg_catalog.unnest(s.setconfig) AS c \
           WHERE s.setdatabase OPERATOR(pg_catalog.=) ANY (ARRAY[0, $1]::pg_catalog.oid[]) \
             AND pg_catalog.lower(pg_catalog.split_part(c, '=', 1)) OPERATOR(pg_catalog.=) 'idempotency.default_retention'",
     args: &[pg_sys::OIDOID],
 };
 
-/// The longest retention any role's session in this database may use for undeclared scopes:
-/// the purge runs as a role of its own (pg_cron's, a superuser), while a consumer's role may
-/// have a longer one of its own (ALTER ROLE … SET), by which its late-replay guard trusts
-/// claims the purge would otherwise remove. A stored value no session could parse is skipped,
-/// as those sessions fall back to the default.
+// The server-wide value, which sessions get when nothing more specific is stored: this
+// session's own when it came from no more specific place, else the configuration files' (as
+// pg_file_settings reads them, where this role may read them), else the built-in default.
+static SERVER_DEFAULT_RETENTION: Statement = Statement {
+    sql: "SELECT CASE WHEN g.source OPERATOR(pg_catalog.=) ANY \
+                         (ARRAY['default', 'configuration file', 'environment variable', 'command line', 'override']) \
+                      THEN g.setting \
+                      WHEN pg_catalog.has_function_privilege('pg_catalog.pg_show_all_file_settings()', 'EXECUTE') \
+                      THEN COALESCE((SELECT f.setting FROM pg_catalog.pg_show_all_file_settings() AS f \
+                                     WHERE pg_catalog.lower(f.name) OPERATOR(pg_catalog.=) 'idempotency.default_retention' \
+                                       AND f.applied ORDER BY f.seqno DESC LIMIT 1), g.boot_val) END \
+          FROM pg_catalog.pg_settings AS g WHERE g.name OPERATOR(pg_catalog.=) 'idempotency.default_retention'",
+    args: &[],
+};
+
+/// A stored value as a session would read it; None for one no session could parse (those
+/// sessions fall back to the value below it).
+fn parse_retention(value: &str) -> Option<i32> {
+    let value = std::ffi::CString::new(value).ok()?;
+    let mut seconds = 0;
+    // SAFETY: parses a C string into an int, as the setting's own check would.
+    let parsed =
+        unsafe { pg_sys::parse_int(value.as_ptr(), &mut seconds, pg_sys::GUC_UNIT_S as i32, std::ptr::null_mut()) };
+    (parsed && seconds >= 1).then_some(seconds)
+}
+
+/// The longest retention any session of this database gets for undeclared scopes, without a
+/// SET of its own: every role's stored value, and the value of roles with none (the
+/// database's, else ALTER ROLE ALL's, else the server-wide one). The purge runs as a role of
+/// its own (pg_cron's, a superuser), while a consumer's role may keep claims longer, by which
+/// its late-replay guard trusts them. The purging session's own value counts only where it is
+/// the server-wide one: a SET, or a value of the purging role's, is nobody else's.
 fn longest_default_retention() -> Result<Interval> {
     // SAFETY: reads the backend's database OID, set once connected.
     let database = unsafe { pg_sys::MyDatabaseId };
-    let stored: Vec<String> = STORED_DEFAULT_RETENTIONS.run(&[DatumWithOid::from(database)], |rows| {
-        (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
+    let stored: Vec<(bool, bool, String)> = STORED_DEFAULT_RETENTIONS.run(&[DatumWithOid::from(database)], |rows| {
+        (0..rows.len())
+            .filter_map(|i| Some((rows.get::<bool>(i, 1)?, rows.get::<bool>(i, 2)?, rows.get::<String>(i, 3)?)))
+            .collect()
     })?;
+    let value_of = |in_database: bool, for_role: bool| {
+        stored.iter().filter(|(d, r, _)| (*d, *r) == (in_database, for_role)).find_map(|(_, _, v)| parse_retention(v))
+    };
+    let base = match value_of(true, false).or_else(|| value_of(false, false)) {
+        Some(seconds) => seconds,
+        None => SERVER_DEFAULT_RETENTION
+            .run(&[], |rows| rows.get::<String>(0, 1))?
+            .as_deref()
+            .and_then(parse_retention)
+            .ok_or_else(|| {
+                IdemError::new(
+                    SqlState::ObjectNotInPrerequisiteState,
+                    "the purge cannot read the server-wide idempotency.default_retention",
+                )
+                .detail("This session's value comes from its role or a SET, and the configuration files are not readable to this role.")
+                .hint("Purge as a role without a value of its own or as a superuser, or set the value per database (ALTER DATABASE … SET).")
+            })?,
+    };
     let longest = stored
         .iter()
-        .filter_map(|value| {
-            let value = std::ffi::CString::new(value.as_str()).ok()?;
-            let mut seconds = 0;
-            // SAFETY: parses a C string into an int, as the setting's own check would.
-            let parsed = unsafe {
-                pg_sys::parse_int(value.as_ptr(), &mut seconds, pg_sys::GUC_UNIT_S as i32, std::ptr::null_mut())
-            };
-            (parsed && seconds >= 1).then_some(seconds)
-        })
-        .fold(DEFAULT_RETENTION.get(), i32::max);
+        .filter(|(_, for_role, _)| *for_role)
+        .filter_map(|(_, _, v)| parse_retention(v))
+        .fold(base, i32::max);
     Ok(seconds_interval(longest))
 }
 

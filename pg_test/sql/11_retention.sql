@@ -64,13 +64,21 @@ CALL idem_purge();
 SELECT * FROM ages WHERE scope = 'events';
 
 -- The default applies to every undeclared scope, and to a scope whose declaration is forgotten.
-SET idempotency.default_retention = '5d';
+-- (Set for the database, where every session reads it; a SET of the purging session's own
+-- is nobody else's, and the purge does not shorten anything by it.)
+DO $$ BEGIN
+  EXECUTE format('ALTER DATABASE %I SET idempotency.default_retention = %L', current_database(), '5d');
+END $$;
+SET idempotency.default_retention = '1d';
 CALL idem_purge();
 SELECT * FROM ages WHERE scope = 'undeclared';
 SELECT idem_forget_scope('events') AS forgotten, idem_forget_scope('events') AS again;
 CALL idem_purge();
 SELECT * FROM ages WHERE scope = 'events';
 RESET idempotency.default_retention;
+DO $$ BEGIN
+  EXECUTE format('ALTER DATABASE %I RESET idempotency.default_retention', current_database());
+END $$;
 
 SELECT sqlstate_of($$CALL idem_purge(0)$$);
 SELECT sqlstate_of($$CALL idem_purge(pause => '-1 s')$$);
@@ -156,6 +164,10 @@ CALL idem_purge();
 SELECT * FROM ages WHERE scope = 'undeclared';
 DROP ROLE retention_consumer;
 SELECT idempotency.longest_default_retention() AS without_it;
+-- The purging session's own shorter value (its role's, or a SET) is nobody else's either.
+SET idempotency.default_retention = '1h';
+SELECT idempotency.longest_default_retention() AS despite_a_short_set, idem_default_retention() AS this_session;
+RESET idempotency.default_retention;
 
 -- Without pg_cron in this database, scheduling says what to install and configure.
 SELECT sqlstate_of($$SELECT idem_schedule_purge()$$);
