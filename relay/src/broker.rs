@@ -23,7 +23,9 @@ pub struct Message {
     pub topic: String,
     pub ordering_key: Option<String>,
     pub payload: String,
-    pub headers: Option<serde_json::Value>,
+    /// Err holds why the stored headers could not be read: the message then fails, rather
+    /// than go out without them.
+    pub headers: Option<Result<serde_json::Value, String>>,
     pub attempts: i32,
 }
 
@@ -276,7 +278,8 @@ fn header_pairs(message: &Message) -> Result<Vec<(String, String)>, String> {
     let mut pairs = Vec::new();
     match &message.headers {
         None => {}
-        Some(serde_json::Value::Object(map)) => {
+        Some(Err(why)) => return Err(format!("its headers cannot be read: {why}")),
+        Some(Ok(serde_json::Value::Object(map))) => {
             for (name, value) in map {
                 let text = match value {
                     serde_json::Value::String(s) => s.clone(),
@@ -285,7 +288,9 @@ fn header_pairs(message: &Message) -> Result<Vec<(String, String)>, String> {
                 pairs.push((name.clone(), text));
             }
         }
-        Some(other) => return Err(format!("its headers are not a JSON object: {}", abbreviate(&other.to_string()))),
+        Some(Ok(other)) => {
+            return Err(format!("its headers are not a JSON object: {}", abbreviate(&other.to_string())))
+        }
     }
     if let Some(key) = &message.ordering_key {
         pairs.push(("Ordering-Key".to_string(), key.clone()));
@@ -328,10 +333,18 @@ fn abbreviate(text: &str) -> String {
 }
 
 /// A JetStream error that concerns the message (retry it later) or the connection (an outage).
-/// The server's own refusals (an API error in its answer, such as a stream's size or
-/// per-subject limit) concern the message, whatever kind async-nats files them under.
+/// async-nats files every error the server answers with under Other: of those, only the ones
+/// about this message's own size concern it. The rest (no cluster leader during an election,
+/// storage exhausted or failing, JetStream off) would set aside every message while they
+/// last, and a key whose message is set aside goes on without it: they are outages.
 fn nats_refusal(kind: PublishErrorKind, error: &(dyn std::error::Error + 'static)) -> Result<Outcome, String> {
-    let answered = error.source().is_some_and(|source| source.is::<async_nats::jetstream::Error>());
+    use async_nats::jetstream::ErrorCode;
+    let answered = error.source().and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>()).is_some_and(
+        |refusal| {
+            [ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM, ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM]
+                .contains(&refusal.error_code())
+        },
+    );
     match kind {
         PublishErrorKind::StreamNotFound
         | PublishErrorKind::MaxPayloadExceeded
@@ -347,6 +360,7 @@ mod tests {
     use super::*;
 
     fn message(topic: &str, ordering_key: Option<&str>, headers: Option<serde_json::Value>) -> Message {
+        let headers = headers.map(Ok);
         Message {
             id: "00000000-0000-0000-0000-000000000001".into(),
             topic: topic.into(),
@@ -379,6 +393,16 @@ mod tests {
         }
         assert!(header_pairs(&message("orders", None, Some(json!([1, 2])))).is_err(), "headers as an array");
         assert!(header_pairs(&message("orders", None, Some(json!(null)))).is_err(), "headers as JSON null");
+
+        let mut unreadable = message("orders", None, None);
+        unreadable.headers = Some(Err("a number out of range".into()));
+        assert!(header_pairs(&unreadable).is_err(), "headers that cannot be read");
+        // jsonb prints 1e400 as its 401 digits, past any f64.
+        let digits = format!("1{}", "0".repeat(400));
+        let big: serde_json::Value =
+            serde_json::from_str(&format!(r#"{{"n": {digits}, "d": 0.1000000000000000001}}"#)).unwrap();
+        let pairs = header_pairs(&message("orders", None, Some(big))).unwrap();
+        assert_eq!(pairs, vec![("d".to_string(), "0.1000000000000000001".to_string()), ("n".into(), digits)]);
 
         let map =
             nats(&message("orders.paid", Some("k1"), Some(json!({"n": 1, "s": "x", "Ordering-Key": "mine"})))).unwrap();

@@ -132,7 +132,7 @@ async fn relay_batch(
             topic: r.get(1),
             ordering_key: r.get(2),
             payload: r.get(3),
-            headers: r.get::<_, Option<String>>(4).and_then(|h| serde_json::from_str(&h).ok()),
+            headers: r.get::<_, Option<String>>(4).map(|h| serde_json::from_str(&h).map_err(|e| e.to_string())),
             attempts: r.get(5),
         })
         .collect();
@@ -179,16 +179,34 @@ async fn relay_batch(
     Ok(Batch::Relayed)
 }
 
-/// A new connection after one failed, with back-off; None when asked to stop meanwhile.
-async fn reconnect(url: &str, stop: &AtomicBool) -> Option<Client> {
-    let mut backoff = Duration::from_millis(100);
+/// An error that a new connection, later, may not meet: the connection lost (a restart, a
+/// failover, a terminated backend), a server starting or shutting down, a standby not yet
+/// promoted, a serialization failure or deadlock, exhausted resources. Anything else (a
+/// missing privilege, a setting that idem_outbox_take refuses) would fail every batch again,
+/// so the relay stops and says why, as it did before it reconnected at all.
+fn transient(e: &tokio_postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else { return true };
+    let code = db.code().code();
+    ["08", "40", "53", "57P"].iter().any(|class| code.starts_with(class)) || code == "25006"
+}
+
+/// What PostgreSQL said, with its SQLSTATE (tokio-postgres's own text is only "db error").
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+/// A new connection after one failed, waiting `backoff` first; None when asked to stop.
+async fn reconnect(url: &str, stop: &AtomicBool, backoff: &mut Duration) -> Option<Client> {
     while !stop.load(Ordering::SeqCst) {
-        tokio::time::sleep(backoff).await;
+        tokio::time::sleep(*backoff).await;
+        *backoff = (*backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(10));
         match connect(url).await {
             Ok(client) => return Some(client),
-            Err(e) => log(format!("cannot reconnect to PostgreSQL; retrying in {backoff:?}: {e}")),
+            Err(e) => log(format!("cannot reconnect to PostgreSQL; retrying in {backoff:?}: {}", describe(&e))),
         }
-        backoff = (backoff * 2).min(Duration::from_secs(10));
     }
     None
 }
@@ -205,6 +223,9 @@ async fn run(args: Args, stop: Arc<AtomicBool>) -> Result<(), String> {
     let mut progress = Progress::default();
     let (mut last_log, mut last_relayed) = (Instant::now(), 0u64);
     let mut backoff = Duration::ZERO;
+    // Grows across failures in a row, so that one that keeps coming back is not retried
+    // ten times a second; a batch that goes through starts it over.
+    let mut db_backoff = Duration::from_millis(100);
     log(format!("started: batches of {}, routes {:?}", args.batch_size, args.routes));
     while !stop.load(Ordering::SeqCst) {
         let batch = match relay_batch(&db, &mut brokers, &args, &mut progress).await {
@@ -212,15 +233,19 @@ async fn run(args: Args, stop: Arc<AtomicBool>) -> Result<(), String> {
             // A restart, a failover, a terminated backend, a deadlock: the server rolled the
             // batch back, so its messages are pending again. A new connection starts afresh
             // (an error inside the transaction would leave this one unusable until ROLLBACK).
+            Err(e) if !transient(&e) => return Err(format!("PostgreSQL: {}", describe(&e))),
             Err(e) => {
-                log(format!("PostgreSQL: {e}; the batch is rolled back, reconnecting"));
-                match reconnect(&args.database_url, &stop).await {
+                log(format!("PostgreSQL: {}; the batch is rolled back, reconnecting in {db_backoff:?}", describe(&e)));
+                match reconnect(&args.database_url, &stop, &mut db_backoff).await {
                     Some(client) => db = client,
                     None => break,
                 }
                 continue;
             }
         };
+        if !matches!(batch, Batch::Outage(_)) {
+            db_backoff = Duration::from_millis(100);
+        }
         match batch {
             Batch::Relayed => backoff = Duration::ZERO,
             Batch::Empty => tokio::time::sleep(Duration::from_millis(args.poll_ms)).await,
