@@ -237,8 +237,24 @@ INSERT INTO exact_cells VALUES ('pg_class', 'q', 'a', NULL, 1);
 SELECT idem_versioned_update('exact_cells', '{"rel": "1259"}', '{"letter": "\\101", "cells": [1, 2], "version": 2}') AS by_input_functions;
 SELECT idem_versioned_upsert('exact_cells', '{"rel": "1255", "letter": "b", "tag": "t", "cells": [3], "version": 1}') AS upserted_by_oid;
 SELECT rel, letter, letter = '\101'::"char" AS letter_as_literal, tag, cells, version FROM exact_cells ORDER BY rel::text;
-DROP TABLE exact_covering, exact_cells;
-DROP DOMAIN exact_required;
+-- Under domains over domains, and domains over json and jsonb, the same rules hold as for
+-- the type beneath them all (before, a JSON string was 22P02, and a composite or regclass
+-- two domains down was read as text).
+CREATE TYPE exact_point AS (x int, y text);
+CREATE DOMAIN exact_point_d AS exact_point;
+CREATE DOMAIN exact_point_dd AS exact_point_d;
+CREATE DOMAIN exact_rel_d AS regclass;
+CREATE DOMAIN exact_rel_dd AS exact_rel_d;
+CREATE DOMAIN exact_jsonb_d AS jsonb;
+CREATE DOMAIN exact_json_d AS json;
+CREATE TABLE exact_nested (id int PRIMARY KEY, version int, p exact_point_dd, r exact_rel_dd, j exact_jsonb_d, k exact_json_d);
+INSERT INTO exact_nested VALUES (1, 1, NULL, NULL, NULL, NULL);
+SELECT idem_versioned_update('exact_nested', '{"id": 1}', '{"version": 2, "p": {"x": 1, "y": "a"}, "r": "1259", "j": "abc", "k": "def"}') AS nested_domains;
+SELECT p, r, j, k FROM exact_nested;
+SELECT (jsonb_populate_record(NULL::exact_nested, '{"p": {"x": 1, "y": "a"}, "r": "1259", "j": "abc", "k": "def"}')).*;
+DROP TABLE exact_covering, exact_cells, exact_nested;
+DROP DOMAIN exact_required, exact_point_dd, exact_point_d, exact_rel_dd, exact_rel_d, exact_jsonb_d, exact_json_d;
+DROP TYPE exact_point;
 
 -- The extension dropped and created again under a session that claimed before: the next
 -- claim finds the new ledger, for any role.

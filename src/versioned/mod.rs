@@ -35,7 +35,7 @@ static RELATION: Statement = Statement {
 };
 
 /// Each column with its type, the type's qualified name, and how a jsonb member becomes a
-/// value of it: jsonb and json keep the JSON; arrays and composites go through
+/// value of it, by the type under all its domains: jsonb and json keep the JSON; arrays and composites go through
 /// jsonb_to_record, which understands JSON arrays and objects, and so do types whose cast
 /// from text is a function other than their input (regclass's takes no OID, "char"'s takes
 /// the first byte), since jsonb_to_record reads text with the input function; everything else
@@ -43,8 +43,8 @@ static RELATION: Statement = Statement {
 static COLUMNS: Statement = Statement {
     sql: "SELECT a.attname::text, a.atttypid, \
                  pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname), \
-                 CASE WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype THEN 'jsonb' \
-                      WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.json'::pg_catalog.regtype THEN 'json' \
+                 CASE WHEN b.oid OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype THEN 'jsonb' \
+                      WHEN b.oid OPERATOR(pg_catalog.=) 'pg_catalog.json'::pg_catalog.regtype THEN 'json' \
                       WHEN b.typcategory OPERATOR(pg_catalog.=) 'A' OR b.typtype OPERATOR(pg_catalog.=) 'c' \
                         OR EXISTS (SELECT FROM pg_catalog.pg_cast k \
                                    WHERE k.castsource OPERATOR(pg_catalog.=) 'pg_catalog.text'::pg_catalog.regtype \
@@ -56,7 +56,13 @@ static COLUMNS: Statement = Statement {
           JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid \
           JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace \
           JOIN pg_catalog.pg_type b ON b.oid OPERATOR(pg_catalog.=) \
-               (CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'd' THEN t.typbasetype ELSE t.oid END) \
+               (WITH RECURSIVE chain(oid, typtype, base) AS ( \
+                  SELECT t.oid, t.typtype, t.typbasetype \
+                  UNION ALL \
+                  SELECT d.oid, d.typtype, d.typbasetype FROM chain \
+                  JOIN pg_catalog.pg_type d ON d.oid OPERATOR(pg_catalog.=) chain.base \
+                  WHERE chain.typtype OPERATOR(pg_catalog.=) 'd') \
+                SELECT chain.oid FROM chain WHERE chain.typtype OPERATOR(pg_catalog.<>) 'd') \
           WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped",
     args: &[pg_sys::OIDOID],
 };
