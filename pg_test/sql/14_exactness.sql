@@ -252,7 +252,19 @@ INSERT INTO exact_nested VALUES (1, 1, NULL, NULL, NULL, NULL);
 SELECT idem_versioned_update('exact_nested', '{"id": 1}', '{"version": 2, "p": {"x": 1, "y": "a"}, "r": "1259", "j": "abc", "k": "def"}') AS nested_domains;
 SELECT p, r, j, k FROM exact_nested;
 SELECT (jsonb_populate_record(NULL::exact_nested, '{"p": {"x": 1, "y": "a"}, "r": "1259", "j": "abc", "k": "def"}')).*;
-DROP TABLE exact_covering, exact_cells, exact_nested;
+-- An interval's fields are how its input reads a number: '1' is a year in interval year,
+-- as in the hand-written UPDATE with an untyped literal (before, the statement path read a
+-- second and the field made it 00:00:00); a domain's fields too.
+CREATE DOMAIN exact_years AS interval year;
+CREATE TABLE exact_spans (id int PRIMARY KEY, version int, y interval year, s interval minute to second(0),
+                          d exact_years, plain interval);
+INSERT INTO exact_spans VALUES (1, 1, NULL, NULL, NULL, NULL), (2, 1, NULL, NULL, NULL, NULL);
+SELECT idem_versioned_update('exact_spans', '{"id": 1}', '{"version": 2, "y": "1", "s": "1.6", "d": "1", "plain": "1"}') AS spans;
+UPDATE exact_spans SET version = 2, y = '1', s = '1.6', d = '1', plain = '1' WHERE id = 2 AND version < 2;
+SELECT idem_versioned_upsert('exact_spans', '{"id": 3, "version": 1, "y": "2", "s": "62.4", "d": "3", "plain": "4"}') AS upserted_spans;
+SELECT * FROM exact_spans ORDER BY id;
+DROP TABLE exact_covering, exact_cells, exact_nested, exact_spans;
+DROP DOMAIN exact_years;
 DROP DOMAIN exact_required, exact_point_dd, exact_point_d, exact_rel_dd, exact_rel_d, exact_jsonb_d, exact_json_d;
 DROP TYPE exact_point;
 

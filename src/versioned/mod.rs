@@ -46,12 +46,16 @@ static COLUMNS: Statement = Statement {
                  CASE WHEN b.oid OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype THEN 'jsonb' \
                       WHEN b.oid OPERATOR(pg_catalog.=) 'pg_catalog.json'::pg_catalog.regtype THEN 'json' \
                       WHEN b.typcategory OPERATOR(pg_catalog.=) 'A' OR b.typtype OPERATOR(pg_catalog.=) 'c' \
+                        OR b.oid OPERATOR(pg_catalog.=) 'pg_catalog.interval'::pg_catalog.regtype \
                         OR EXISTS (SELECT FROM pg_catalog.pg_cast k \
                                    WHERE k.castsource OPERATOR(pg_catalog.=) 'pg_catalog.text'::pg_catalog.regtype \
                                      AND k.casttarget OPERATOR(pg_catalog.=) b.oid AND k.castmethod OPERATOR(pg_catalog.=) 'f') \
                       THEN 'record' \
                       ELSE 'text' END, \
-                 a.attnum \
+                 a.attnum, \
+                 CASE WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.interval'::pg_catalog.regtype \
+                       AND a.atttypmod OPERATOR(pg_catalog.>=) 0 \
+                      THEN pg_catalog.format_type(a.atttypid, a.atttypmod) END \
           FROM pg_catalog.pg_attribute a \
           JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid \
           JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace \
@@ -94,6 +98,11 @@ struct Column {
     type_oid: pg_sys::Oid,
     type_name: String,
     conversion: String,
+    /// An interval column's type with its fields ("interval year"), which its input reads
+    /// by: '1' is a year there, a second in a plain interval, and the typmod applied after
+    /// reading would make it 00:00:00. (The grammar's own name: no search_path can move it.)
+    /// A domain's fields are its own, which jsonb_to_record reads by.
+    typmod_name: Option<String>,
 }
 
 /// A table a versioned write may target, read from the catalog.
@@ -127,6 +136,7 @@ impl Table {
                         type_oid: rows.get::<pg_sys::Oid>(i, 2)?,
                         type_name: rows.get::<String>(i, 3)?,
                         conversion: rows.get::<String>(i, 4)?,
+                        typmod_name: rows.get::<String>(i, 6),
                     };
                     Some((rows.get::<String>(i, 1)?, column))
                 })
@@ -163,10 +173,10 @@ impl Table {
             ),
             // A record of this one column, not of the table: the table's other columns
             // would be NULL in it, which a NOT NULL domain among them refuses. The typmod is
-            // left to the assignment, as for text below.
+            // left to the assignment, as for text below, but an interval's (see Column).
             "record" => format!(
                 "(SELECT r.v FROM pg_catalog.jsonb_to_record(pg_catalog.jsonb_build_object('v', {param} OPERATOR(pg_catalog.->) {member})) AS r(v {}))",
-                c.type_name
+                c.typmod_name.as_deref().unwrap_or(&c.type_name)
             ),
             _ => format!("({param} OPERATOR(pg_catalog.->>) {member})::{}", c.type_name),
         })

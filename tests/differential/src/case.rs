@@ -26,6 +26,9 @@ pub enum Kind {
     /// "char"'s takes the first byte where the input reads an octal escape.
     Regclass,
     QuotedChar,
+    /// An interval with fields, whose input reads '1' by them: a year, or a second.
+    IntervalYear,
+    IntervalSecond0,
 }
 
 #[derive(Clone, Debug)]
@@ -122,6 +125,9 @@ pub fn valid(kind: Kind, rng: &mut Rng) -> Value {
         Kind::Bit(n) => string(&"1011010101"[..n as usize]),
         Kind::Regclass => string(rng.pick(&["pg_class", "1259", "pg_catalog.pg_type", "\"pg_proc\""])),
         Kind::QuotedChar => string(rng.pick(&["a", "Z", "\\101", "\\", ""])),
+        Kind::IntervalYear | Kind::IntervalSecond0 => {
+            string(rng.pick(&["1", "2 years 3 months", "1 day 02:03:04.567", "00:01:02.5", "-1", "7"]))
+        }
     }
 }
 
@@ -186,6 +192,9 @@ pub fn wild(kind: Kind, rng: &mut Rng) -> Value {
         }
         Kind::Regclass => string(rng.pick(&["no_such_table", "4294967296", "pg_class pg_type", "-1", "0"])),
         Kind::QuotedChar => string(rng.pick(&["ab", "\\1", "\\400", "é"])),
+        Kind::IntervalYear | Kind::IntervalSecond0 => {
+            string(rng.pick(&["abc", "178000000 years", "1 century", "P1Y2M", "1.5"]))
+        }
     }
 }
 
@@ -266,6 +275,8 @@ fn type_name(kind: Kind) -> String {
         Kind::Bit(n) => format!("bit({n})"),
         Kind::Regclass => "regclass".into(),
         Kind::QuotedChar => "\"char\"".into(),
+        Kind::IntervalYear => "interval year".into(),
+        Kind::IntervalSecond0 => "interval minute to second(0)".into(),
     }
 }
 
@@ -299,6 +310,8 @@ fn payload_kind(rng: &mut Rng) -> Kind {
         Kind::Bit(3),
         Kind::Regclass,
         Kind::QuotedChar,
+        Kind::IntervalYear,
+        Kind::IntervalSecond0,
     ])
 }
 
@@ -315,6 +328,7 @@ fn default_of(kind: Kind) -> &'static str {
         Kind::Bit(_) => "B'000'",
         Kind::Regclass => "'pg_class'",
         Kind::QuotedChar => "'d'",
+        Kind::IntervalYear | Kind::IntervalSecond0 => "'1'",
     }
 }
 
