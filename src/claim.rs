@@ -158,8 +158,8 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
     let fingerprint = payload.as_ref().map(|p| fingerprint(&p.0));
 
     let columns = if fingerprint.is_some() { Columns::KeyAndFingerprint } else { Columns::Key };
-    // Whether the claim was new, and whether it went in directly: only then is claimed_at
-    // known to be now(), the default the direct path requires.
+    // Whether the claim went in directly: only then is claimed_at known to be now(), the
+    // default the direct path requires.
     let direct = Cell::new(false);
     let insert = || -> Result<bool> {
         if let Some(ledger) = Ledger::open(columns)? {

@@ -345,13 +345,18 @@ fn nats_refusal(kind: PublishErrorKind, error: &(dyn std::error::Error + 'static
                 .contains(&refusal.error_code())
         },
     );
-    match kind {
-        PublishErrorKind::StreamNotFound
-        | PublishErrorKind::MaxPayloadExceeded
-        | PublishErrorKind::WrongLastMessageId
-        | PublishErrorKind::WrongLastSequence => Ok(Outcome::Failed(format!("NATS JetStream refused it: {error}"))),
-        _ if answered => Ok(Outcome::Failed(format!("NATS JetStream refused it: {error}"))),
-        _ => Err(format!("NATS: {error}")),
+    let refused = answered
+        || matches!(
+            kind,
+            PublishErrorKind::StreamNotFound
+                | PublishErrorKind::MaxPayloadExceeded
+                | PublishErrorKind::WrongLastMessageId
+                | PublishErrorKind::WrongLastSequence
+        );
+    if refused {
+        Ok(Outcome::Failed(format!("NATS JetStream refused it: {error}")))
+    } else {
+        Err(format!("NATS: {error}"))
     }
 }
 

@@ -35,11 +35,12 @@ static RELATION: Statement = Statement {
 };
 
 /// Each column with its type, the type's qualified name, and how a jsonb member becomes a
-/// value of it, by the type under all its domains: jsonb and json keep the JSON; arrays and composites go through
-/// jsonb_to_record, which understands JSON arrays and objects, and so do types whose cast
-/// from text is a function other than their input (regclass's takes no OID, "char"'s takes
-/// the first byte), since jsonb_to_record reads text with the input function; everything else
-/// is the member's text cast to the type, which is that input function.
+/// value of it, by the type under all its domains: jsonb and json keep the JSON; arrays and
+/// composites go through jsonb_to_record, which understands JSON arrays and objects, and so
+/// do intervals (read by their fields, see Column) and types whose cast from text is a
+/// function other than their input (regclass's takes no OID, "char"'s takes the first byte),
+/// since jsonb_to_record reads text with the input function; everything else is the member's
+/// text cast to the type, which is that input function.
 static COLUMNS: Statement = Statement {
     sql: "SELECT a.attname::text, a.atttypid, \
                  pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname), \
