@@ -485,3 +485,9 @@ SELECT p.run_id, p.pid, p.started_at, p.finished_at,
        p.batches, p.deleted
 FROM idempotency.purge_runs AS p
 LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = p.pid AND a.backend_start <= p.started_at;
+
+-- Pinned as the extension's other functions are: their `CASE … WHEN` lists and casts looked
+-- operators and types up through the caller's search_path, where a role's own `=` in public,
+-- or a type in pg_temp, would have run in place of pg_catalog's.
+ALTER FUNCTION idem_diagnostics(interval) SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION idempotency.ledger_estimate(interval) SET search_path = pg_catalog, pg_temp;

@@ -179,10 +179,11 @@ fn insert_message(row: &Row) -> Result<bool> {
 }
 
 /// Whether the stored message with this id is the same message: topic, ordering key and
-/// payload. Headers may differ (a trace id, say); the first ones stay.
+/// payload. Headers may differ (a trace id, say); the first ones stay. Not `IS NOT DISTINCT
+/// FROM`, which finds its `=` through the caller's search_path.
 static SAME_MESSAGE: Statement = Statement {
     sql: "SELECT o.topic OPERATOR(pg_catalog.=) $2 \
-             AND o.ordering_key IS NOT DISTINCT FROM $3 \
+             AND COALESCE(o.ordering_key OPERATOR(pg_catalog.=) $3, o.ordering_key IS NULL AND $3 IS NULL) \
              AND o.payload OPERATOR(pg_catalog.=) $4 \
           FROM idempotency.outbox AS o WHERE o.id OPERATOR(pg_catalog.=) $1",
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
@@ -283,7 +284,7 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
         }
     };
     if let Some(ordering_key) = &message.ordering_key {
-        xact::lock_ordering_key(ordering_key.as_bytes())?;
+        xact::lock_ordering_key(ordering_key.as_bytes(), xact::Caller::Sender)?;
     }
     let text = |value: &str| value.into_datum().expect("a text datum");
     let row = Row {
@@ -361,7 +362,10 @@ sqlstate_entry!(idem_message_id_entry, pg_finfo_idem_message_id_entry, idem_mess
 
 #[pg_extern(sql = false)]
 fn ordering_key_lock(ordering_key: Option<&str>) {
-    finish(required(ordering_key, "ordering_key").and_then(|k| Ok(xact::lock_ordering_key(k.as_bytes())?)));
+    finish(
+        required(ordering_key, "ordering_key")
+            .and_then(|k| Ok(xact::lock_ordering_key(k.as_bytes(), xact::Caller::Anyone)?)),
+    );
 }
 sqlstate_entry!(lock_ordering_key_entry, pg_finfo_lock_ordering_key_entry, ordering_key_lock_wrapper);
 

@@ -51,7 +51,7 @@ fn default_retention() -> Interval {
 static LATE: Statement = Statement {
     sql: "SELECT $2 OPERATOR(pg_catalog.<) pg_catalog.timezone('UTC', \
                  pg_catalog.timezone('UTC', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) COALESCE(s.retention, $3)), \
-                 COALESCE(s.late_replay, 'error'), COALESCE(s.retention, $3)::text \
+                 COALESCE(s.late_replay, 'error'), COALESCE(s.retention, $3)::pg_catalog.text \
           FROM (VALUES (1)) AS one(x) \
           LEFT JOIN idempotency.scopes AS s ON s.scope_id OPERATOR(pg_catalog.=) $1",
     args: &[pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID],
@@ -98,17 +98,23 @@ static STORED_DEFAULT_RETENTIONS: Statement = Statement {
 };
 
 // The server-wide value, which sessions get when nothing more specific is stored: this
-// session's own when it came from no more specific place, else the configuration files' (as
-// pg_file_settings reads them, where this role may read them), else the built-in default.
+// session's own when it came from no more specific place; else the configuration files' (as
+// pg_file_settings reads them) where this role may read them, else the built-in default. The
+// files are read by a statement of their own: PostgreSQL checks the EXECUTE privilege of every
+// function a statement names when it starts, even in a branch that never runs.
 static SERVER_DEFAULT_RETENTION: Statement = Statement {
     sql: "SELECT CASE WHEN g.source OPERATOR(pg_catalog.=) ANY \
                          (ARRAY['default', 'configuration file', 'environment variable', 'command line', 'override']) \
-                      THEN g.setting \
-                      WHEN pg_catalog.has_function_privilege('pg_catalog.pg_show_all_file_settings()', 'EXECUTE') \
-                      THEN COALESCE((SELECT f.setting FROM pg_catalog.pg_show_all_file_settings() AS f \
-                                     WHERE pg_catalog.lower(f.name) OPERATOR(pg_catalog.=) 'idempotency.default_retention' \
-                                       AND f.applied ORDER BY f.seqno DESC LIMIT 1), g.boot_val) END \
+                      THEN g.setting END, \
+                 pg_catalog.has_function_privilege('pg_catalog.pg_show_all_file_settings()', 'EXECUTE'), g.boot_val \
           FROM pg_catalog.pg_settings AS g WHERE g.name OPERATOR(pg_catalog.=) 'idempotency.default_retention'",
+    args: &[],
+};
+
+static FILE_DEFAULT_RETENTION: Statement = Statement {
+    sql: "SELECT f.setting FROM pg_catalog.pg_show_all_file_settings() AS f \
+          WHERE pg_catalog.lower(f.name) OPERATOR(pg_catalog.=) 'idempotency.default_retention' AND f.applied \
+          ORDER BY f.seqno DESC LIMIT 1",
     args: &[],
 };
 
@@ -142,18 +148,14 @@ fn longest_default_retention() -> Result<Interval> {
     };
     let base = match value_of(true, false).or_else(|| value_of(false, false)) {
         Some(seconds) => seconds,
-        None => SERVER_DEFAULT_RETENTION
-            .run(&[], |rows| rows.get::<String>(0, 1))?
-            .as_deref()
-            .and_then(parse_retention)
-            .ok_or_else(|| {
-                IdemError::new(
-                    SqlState::ObjectNotInPrerequisiteState,
-                    "the purge cannot read the server-wide idempotency.default_retention",
-                )
-                .detail("This session's value comes from its role or a SET, and the configuration files are not readable to this role.")
-                .hint("Purge as a role without a value of its own or as a superuser, or set the value per database (ALTER DATABASE … SET).")
-            })?,
+        None => server_default_retention()?.as_deref().and_then(parse_retention).ok_or_else(|| {
+            IdemError::new(
+                SqlState::ObjectNotInPrerequisiteState,
+                "the purge cannot read the server-wide idempotency.default_retention",
+            )
+            .detail("This session's value comes from its role or a SET, and the configuration files are not readable to this role.")
+            .hint("Purge as a role without a value of its own or as a superuser, or set the value per database (ALTER DATABASE … SET).")
+        })?,
     };
     let longest = stored
         .iter()
@@ -161,6 +163,20 @@ fn longest_default_retention() -> Result<Interval> {
         .filter_map(|(_, _, v)| parse_retention(v))
         .fold(base, i32::max);
     Ok(seconds_interval(longest))
+}
+
+/// The server-wide value (see [`SERVER_DEFAULT_RETENTION`]); None when it comes from
+/// somewhere more specific and this role may not read the configuration files.
+fn server_default_retention() -> Result<Option<String>> {
+    let (own, may_read_files, built_in) = SERVER_DEFAULT_RETENTION
+        .run(&[], |rows| (rows.get::<String>(0, 1), rows.get::<bool>(0, 2), rows.get::<String>(0, 3)))?;
+    Ok(match (own, may_read_files) {
+        (Some(own), _) => Some(own),
+        (None, Some(true)) => FILE_DEFAULT_RETENTION
+            .run(&[], |rows| (!rows.is_empty()).then(|| rows.get::<String>(0, 1)).flatten())?
+            .or(built_in),
+        (None, _) => None,
+    })
 }
 
 #[pg_extern(sql = false)]

@@ -52,6 +52,39 @@ RESET search_path;
 SELECT count(*) AS rows_in_ledger FROM idempotency.ledger
 WHERE key_digest IN (idem_digest('trap-1'), idem_digest('trap-2'));
 
+-- Nor when the role lists its schema before pg_catalog, where its own "=" on text, bigint
+-- and uuid comes first for whatever names an operator without its schema (CASE … WHEN and
+-- IS NOT DISTINCT FROM do), or with a type "text" in pg_temp, which comes first for type
+-- names: no trap fires, and the calls work. Before 0.5.0 the diagnostics and a send repeated
+-- with the same id ran the role's "=", and a claim that passed sent_at failed with 42846.
+CREATE FUNCTION trap.loud_text_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN RAISE WARNING 'trap: text = text'; RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+CREATE OPERATOR trap.= (LEFTARG = text, RIGHTARG = text, FUNCTION = trap.loud_text_eq);
+CREATE FUNCTION trap.loud_int8_eq(int8, int8) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN RAISE WARNING 'trap: int8 = int8'; RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+CREATE OPERATOR trap.= (LEFTARG = int8, RIGHTARG = int8, FUNCTION = trap.loud_int8_eq);
+CREATE TABLE public.trap_rows (id int PRIMARY KEY, label text, version int);
+INSERT INTO public.trap_rows VALUES (1, 'a', 1);
+CREATE DOMAIN pg_temp.text AS int4;
+SET search_path = trap, pg_catalog, public;
+SELECT count(*) OPERATOR(pg_catalog.>=) 0 AS diagnostics FROM idem_diagnostics();
+SELECT count(*) OPERATOR(pg_catalog.>=) 0 AS diagnostics_view FROM idempotency.diagnostics;
+BEGIN;
+SELECT idem_send('trap.topic', '{"n": 1}', ordering_key => 'trap-key', key => 'trap-send')
+       OPERATOR(pg_catalog.=) idem_send('trap.topic', '{"n": 1}', ordering_key => 'trap-key', key => 'trap-send') AS resent_same_id,
+       idem_send('trap.topic', '{"n": 1}', key => 'trap-keyless')
+       OPERATOR(pg_catalog.=) idem_send('trap.topic', '{"n": 1}', key => 'trap-keyless') AS resent_keyless;
+ROLLBACK;
+SELECT idem_claim('trap-3', 'default', NULL, now()) AS claimed_with_sent_at;
+SELECT idem_versioned_update('public.trap_rows', '{"id": 1}', '{"label": "b", "version": 2}') AS versioned_update,
+       idem_versioned_upsert('public.trap_rows', '{"id": 2, "label": "c", "version": 1}') AS versioned_upsert;
+SELECT idem_version_guard('public.trap_rows', 'version');
+CALL idem_purge();
+RESET search_path;
+DROP DOMAIN pg_temp.text;
+SELECT * FROM trap_rows ORDER BY id;
+DROP TABLE trap_rows;
+
 DROP OWNED BY idem_app, idem_stranger;
 DROP ROLE idem_app;
 DROP ROLE idem_stranger;

@@ -62,3 +62,45 @@ DROP ROLE idem_reader;
 DROP ROLE idem_writer;
 DROP ROLE idem_columns;
 DROP ROLE idem_blind;
+
+-- The guard is a trigger function that any role with USAGE on the schema can attach by hand
+-- to a table of its own, with any timing, event and arguments. Each misuse is refused with
+-- 39P01 before a tuple or an argument is read; a version column whose type lost its ordering
+-- after the guard was installed is 42883. Before 0.5.0 each of these crashed the server.
+CREATE ROLE idem_tenant;
+GRANT USAGE ON SCHEMA idempotency TO idem_tenant;
+GRANT CREATE ON SCHEMA public TO idem_tenant;
+-- Attaches the guard to tenant_rows as `event` … FOR EACH `level` with `arguments`, runs
+-- `statement`, and answers its SQLSTATE and message.
+CREATE FUNCTION guard_attached(event text, level text, arguments text, statement text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+  answer text;
+BEGIN
+  EXECUTE format('CREATE TRIGGER by_hand %s ON tenant_rows FOR EACH %s EXECUTE FUNCTION idempotency.version_guard(%s)',
+                 event, level, arguments);
+  answer := sqlstate_of(statement);
+  DROP TRIGGER by_hand ON tenant_rows;
+  RETURN answer;
+END $$;
+SET ROLE idem_tenant;
+CREATE TABLE tenant_rows (id int PRIMARY KEY, v int);
+INSERT INTO tenant_rows VALUES (1, 1);
+SELECT attached, guard_attached(event, level, arguments, statement) AS answer
+FROM (VALUES ('without an argument', 'BEFORE UPDATE', 'ROW', '', 'UPDATE tenant_rows SET v = 2'),
+             ('with two arguments', 'BEFORE UPDATE', 'ROW', '''v'', ''id''', 'UPDATE tenant_rows SET v = 2'),
+             ('before insert', 'BEFORE INSERT', 'ROW', '''v''', 'INSERT INTO tenant_rows VALUES (2, 1)'),
+             ('for each statement', 'BEFORE UPDATE', 'STATEMENT', '''v''', 'UPDATE tenant_rows SET v = 2'),
+             ('after update', 'AFTER UPDATE', 'ROW', '''v''', 'UPDATE tenant_rows SET v = 2'),
+             ('after delete', 'AFTER DELETE', 'ROW', '''v''', 'DELETE FROM tenant_rows'),
+             ('before truncate', 'BEFORE TRUNCATE', 'STATEMENT', '''v''', 'TRUNCATE tenant_rows'))
+     AS misuse(attached, event, level, arguments, statement);
+SELECT sqlstate_of('SELECT idempotency.version_guard()') AS called_directly;
+SELECT idem_version_guard('tenant_rows', 'v');
+ALTER TABLE tenant_rows ALTER COLUMN v TYPE point USING point(v, 0);
+SELECT sqlstate_of('UPDATE tenant_rows SET v = point(5, 0)') AS version_without_ordering;
+SELECT id, v FROM tenant_rows;
+RESET ROLE;
+DROP OWNED BY idem_tenant;
+DROP ROLE idem_tenant;
+DROP FUNCTION guard_attached(text, text, text, text);

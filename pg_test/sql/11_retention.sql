@@ -169,6 +169,26 @@ SET idempotency.default_retention = '1h';
 SELECT idempotency.longest_default_retention() AS despite_a_short_set, idem_default_retention() AS this_session;
 RESET idempotency.default_retention;
 
+-- A maintenance role with exactly the README's grants purges too, although it may not read
+-- the configuration files: its own value is the server-wide one. Before 0.5.0 its purge was
+-- refused with 42501 for pg_show_all_file_settings.
+CREATE ROLE purge_maintainer;
+GRANT USAGE ON SCHEMA idempotency TO purge_maintainer;
+GRANT SELECT, DELETE ON idempotency.ledger, idempotency.outbox, idempotency.external_calls,
+                        idempotency.duplicates TO purge_maintainer;
+GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.scopes, idempotency.purge_runs TO purge_maintainer;
+GRANT SELECT ON idempotency.purge_progress TO purge_maintainer;
+TRUNCATE idempotency.ledger;
+SELECT claim_aged('undeclared', '3 days', 3), claim_aged('undeclared', '31 days', 4);
+SET ROLE purge_maintainer;
+SELECT has_function_privilege('pg_catalog.pg_show_all_file_settings()', 'EXECUTE') AS may_read_files,
+       idempotency.longest_default_retention() AS kept_by_its_purge;
+CALL idem_purge();
+RESET ROLE;
+SELECT * FROM ages WHERE scope = 'undeclared';
+DROP OWNED BY purge_maintainer;
+DROP ROLE purge_maintainer;
+
 -- Without pg_cron in this database, scheduling says what to install and configure.
 SELECT sqlstate_of($$SELECT idem_schedule_purge()$$);
 SELECT idem_unschedule_purge() AS nothing_to_unschedule;

@@ -26,6 +26,11 @@ SELECT count(*) AS claims_tenant_b_sees FROM idempotency.ledger;
 RESET ROLE;
 SELECT count(*) AS claims_in_all FROM idempotency.ledger
 WHERE scope_id IN (idem_scope_id('tenant_a'), idem_scope_id('tenant_b'));
+-- pg_dump does not carry the policy: the README's check after a restore, here before one.
+SELECT c.relname, c.relrowsecurity, count(p.polname) AS policies
+FROM pg_class AS c LEFT JOIN pg_policy AS p ON p.polrelid = c.oid
+WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind = 'r'
+GROUP BY 1, 2 ORDER BY 1;
 DROP POLICY own_scope ON idempotency.ledger;
 ALTER TABLE idempotency.ledger DISABLE ROW LEVEL SECURITY;
 

@@ -268,6 +268,31 @@ DROP DOMAIN exact_years;
 DROP DOMAIN exact_required, exact_point_dd, exact_point_d, exact_rel_dd, exact_rel_d, exact_jsonb_d, exact_json_d;
 DROP TYPE exact_point;
 
+-- A domain that fits its values to a typmod refuses a value too long for it (22001), as the
+-- assignment in the hand-written statement, a driver's parameter and jsonb_populate_record
+-- do. Before 0.5.0 both paths cut it, as a cast to the domain would; trailing spaces are cut
+-- by both.
+CREATE DOMAIN exact_sku AS varchar(3);
+CREATE TABLE exact_skus (id int PRIMARY KEY, sku exact_sku, version int);
+INSERT INTO exact_skus VALUES (1, 'abc', 1);
+SELECT * FROM error_fields($$SELECT idem_versioned_update('exact_skus', '{"id": 1}', '{"sku": "abcdef", "version": 2}')$$);
+SELECT same_error($$SELECT idem_versioned_update('exact_skus', '{"id": 1}', '{"sku": "abcdef", "version": 2}')$$,
+                  $$UPDATE exact_skus SET sku = 'abcdef', version = 2 WHERE id = 1 AND (version IS NULL OR version < 2)$$) AS too_long_update;
+SELECT same_error($$SELECT idem_versioned_upsert('exact_skus', '{"id": 1, "sku": "wxyz", "version": 5}')$$,
+                  $$INSERT INTO exact_skus AS t (id, sku, version) VALUES (1, 'wxyz', 5) ON CONFLICT (id) DO UPDATE SET sku = EXCLUDED.sku, version = EXCLUDED.version WHERE t.version IS NULL OR t.version < EXCLUDED.version$$) AS too_long_upsert;
+SELECT idem_versioned_update('exact_skus', '{"id": 1}', '{"sku": "xyz   ", "version": 3}') AS trailing_spaces;
+SELECT id, sku, octet_length(sku) AS bytes, version FROM exact_skus;
+
+-- A table of events keyed by (id, version): a row of key columns alone is inserted once and
+-- is false after that, as INSERT … ON CONFLICT DO NOTHING (before 0.5.0, 42601).
+CREATE TABLE exact_events (id int, version int, PRIMARY KEY (id, version));
+SELECT idem_versioned_upsert('exact_events', '{"id": 1, "version": 2}') AS first,
+       idem_versioned_upsert('exact_events', '{"id": 1, "version": 2}') AS again,
+       idem_versioned_upsert('exact_events', '{"id": 1, "version": 3}') AS next_version;
+SELECT * FROM exact_events ORDER BY version;
+DROP TABLE exact_skus, exact_events;
+DROP DOMAIN exact_sku;
+
 -- The extension dropped and created again under a session that claimed before: the next
 -- claim finds the new ledger, for any role.
 CREATE ROLE recreated_app;

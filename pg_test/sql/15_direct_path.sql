@@ -75,3 +75,27 @@ ROLLBACK;
 ALTER TABLE idempotency.outbox DROP CONSTRAINT outbox_reads;
 DROP FUNCTION outbox_rows(), kept_send_plans();
 RESET idempotency.direct_writes;
+
+-- The extension's tables are found by name on every call, as the statement finds them: a
+-- session that claimed before the schema was renamed, and another schema made under its
+-- name, writes to the new one, as a new connection does. Before 0.5.0 the direct path kept
+-- writing to the renamed schema's tables, and a key could be claimed twice.
+SET idempotency.direct_writes = on;
+SELECT idem_claim('rename-warm') AS warmed, idem_watermark_advance('rename', 'p', 1) AS advanced;
+ALTER SCHEMA idempotency RENAME TO idempotency_renamed;
+CREATE SCHEMA idempotency;
+CREATE TABLE idempotency.ledger (LIKE idempotency_renamed.ledger INCLUDING ALL);
+CREATE TABLE idempotency.watermarks (LIKE idempotency_renamed.watermarks INCLUDING ALL);
+SELECT idem_claim('rename-order') AS claimed,
+       idem_watermark_advance('rename', 'p', 11) AS first_advance,
+       idem_watermark_advance('rename', 'p', 12) AS second_advance;
+SELECT (SELECT count(*) FROM idempotency.ledger) AS claims_in_the_new_ledger,
+       (SELECT count(*) FROM idempotency_renamed.ledger
+        WHERE key_digest = idem_digest('rename-order', 'default')) AS in_the_renamed_one,
+       (SELECT position FROM idempotency.watermarks) AS new_watermark,
+       (SELECT position FROM idempotency_renamed.watermarks WHERE stream = 'rename') AS renamed_watermark;
+DROP SCHEMA idempotency CASCADE;
+ALTER SCHEMA idempotency_renamed RENAME TO idempotency;
+SELECT idem_claim('rename-order') AS new_in_the_original_ledger;
+DELETE FROM idempotency.watermarks WHERE stream = 'rename';
+RESET idempotency.direct_writes;

@@ -28,6 +28,24 @@ SELECT idem_outbox_sent(ARRAY[idem_message_id('order-19:paid')]) AS marked;
 COMMIT;
 RESET ROLE;
 
+-- The lock that orders a key's senders is taken only for a role that may write the outbox:
+-- idempotency.lock_ordering_key, which idem_outbox_requeue calls and every role may execute,
+-- is 42501 for any other role, so that no role can hold a key's senders up.
+CREATE ROLE outbox_stranger NOLOGIN;
+GRANT USAGE ON SCHEMA idempotency TO outbox_stranger;
+SET ROLE outbox_stranger;
+SELECT sqlstate_of($$SELECT idempotency.lock_ordering_key('order-19')$$) AS stranger_locks;
+RESET ROLE;
+SET ROLE outbox_relay;
+BEGIN;
+SELECT idempotency.lock_ordering_key('order-19') AS relay_locks;
+SELECT count(*) AS locks_held FROM pg_locks
+WHERE locktype = 'object' AND classid = 'idempotency.outbox'::regclass AND pid = pg_backend_pid();
+ROLLBACK;
+RESET ROLE;
+DROP OWNED BY outbox_stranger;
+DROP ROLE outbox_stranger;
+
 -- Without the sequence a sender is refused too.
 REVOKE USAGE ON SEQUENCE idempotency.outbox_seq FROM outbox_app;
 SET ROLE outbox_app;

@@ -98,8 +98,8 @@ unguarded! {
     fn relation_close(relation: Relation, lockmode: LOCKMODE);
     fn aclcheck_error(aclerr: AclResult::Type, objtype: ObjectType::Type, objectname: *const ::core::ffi::c_char);
     fn GetUserId() -> Oid;
+    fn pg_class_aclmask(table_oid: Oid, roleid: Oid, mask: AclMode, how: AclMaskHow::Type) -> AclMode;
     fn IsCatalogRelation(relation: Relation) -> bool;
-    fn SearchSysCacheExists(cacheId: ::core::ffi::c_int, key1: Datum, key2: Datum, key3: Datum, key4: Datum) -> bool;
     fn get_namespace_oid(nspname: *const ::core::ffi::c_char, missing_ok: bool) -> Oid;
     fn get_relname_relid(relname: *const ::core::ffi::c_char, relnamespace: Oid) -> Oid;
     fn DirectFunctionCall1Coll(func: PGFunction, collation: Oid, arg1: Datum) -> Datum;

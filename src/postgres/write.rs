@@ -138,14 +138,10 @@ pub unsafe fn open_owned(
             cached.set((schema, oid));
         }
         loop {
-            // The extension may have been dropped and created again since the OIDs were found.
-            if !ffi::SearchSysCacheExists(
-                pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
-                schema.into(),
-                0.into(),
-                0.into(),
-                0.into(),
-            ) {
+            // The name must still lead where it led: the extension may have been dropped and
+            // created again, or its schema renamed and another made under the name, since the
+            // OIDs were found, and the statement resolves `schema.name` afresh.
+            if ffi::get_namespace_oid(schema_name.as_ptr(), true) != schema {
                 (schema, oid) = find_owned(schema_name, name);
                 cached.set((schema, oid));
             }

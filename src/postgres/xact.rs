@@ -145,12 +145,27 @@ pub fn in_transaction_block() -> bool {
     unsafe { pg_sys::IsTransactionBlock() }
 }
 
+/// Who asks for an ordering key's lock (see [`lock_ordering_key`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// idem_send, which writes the outbox next.
+    Sender,
+    /// Whoever calls the SQL function.
+    Anyone,
+}
+
 /// Takes the lock of an outbox ordering key, held until the transaction ends (or the current
 /// savepoint is rolled back to): an exclusive lock on the object (idempotency.outbox, the
 /// first 48 bits of SHA-256 over the key), as pg_locks shows it. Two keys share a lock only
 /// when their hashes collide, which orders them together and changes nothing else. Waits as
 /// any lock does: lock_timeout, deadlock detection (40P01) and cancel apply.
-pub fn lock_ordering_key(key: &[u8]) -> Result<(), PgError> {
+///
+/// `Caller::Anyone` is the SQL function idempotency.lock_ordering_key, which every role may
+/// execute: it takes the lock only for a role that may write the outbox (INSERT or UPDATE),
+/// as the senders and requeuers it is for can, so that no other role can hold up a key's
+/// senders. idem_send's own INSERT checks its privilege after the lock, and its error ends
+/// the lock with the transaction or savepoint.
+pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), PgError> {
     let hash = Sha256::digest(key);
     let objid = u32::from_be_bytes(hash[..4].try_into().expect("SHA-256 has 32 bytes"));
     let objsubid = u16::from_be_bytes(hash[4..6].try_into().expect("SHA-256 has 32 bytes"));
@@ -165,6 +180,20 @@ pub fn lock_ordering_key(key: &[u8]) -> Result<(), PgError> {
                     ERROR,
                     PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
                     "relation \"idempotency.outbox\" does not exist"
+                );
+            }
+            if caller == Caller::Anyone
+                && ffi::pg_class_aclmask(
+                    outbox,
+                    ffi::GetUserId(),
+                    (pg_sys::ACL_INSERT | pg_sys::ACL_UPDATE) as pg_sys::AclMode,
+                    pg_sys::AclMaskHow::ACLMASK_ANY,
+                ) == 0
+            {
+                ffi::aclcheck_error(
+                    pg_sys::AclResult::ACLCHECK_NO_PRIV,
+                    pg_sys::ObjectType::OBJECT_TABLE,
+                    c"outbox".as_ptr(),
                 );
             }
             ffi::LockDatabaseObject(

@@ -263,7 +263,7 @@ unsafe fn input(attr: &pg_sys::FormData_pg_attribute, typmod: i32, context: pg_s
     if pg_sys::get_typtype(type_oid) as u8 == pg_sys::TYPTYPE_DOMAIN || !takes_text(type_oid) {
         return None;
     }
-    Some(text_input(type_oid, typmod, false, context))
+    Some(text_input(type_oid, typmod, context))
 }
 
 /// Whether a JSON member becomes a value of the type through its text: not for json and
@@ -277,9 +277,9 @@ unsafe fn takes_text(type_oid: pg_sys::Oid) -> bool {
 
 /// A value of `type_oid` made from text and fitted to `typmod` as parse_coerce.c makes a
 /// literal: the input function without the typmod (interval's alone takes it), then the
-/// type's length coercion, which `explicit` makes cut instead of refuse. Input functions
+/// type's length coercion as an assignment applies it. Input functions
 /// check the typmod in their own order (bit's before its digits), so it is not theirs.
-unsafe fn text_input(type_oid: pg_sys::Oid, typmod: i32, explicit: bool, context: pg_sys::MemoryContext) -> Input {
+unsafe fn text_input(type_oid: pg_sys::Oid, typmod: i32, context: pg_sys::MemoryContext) -> Input {
     let (mut function_oid, mut io_param) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
     pg_sys::getTypeInputInfo(type_oid, &mut function_oid, &mut io_param);
     let mut function = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
@@ -290,12 +290,12 @@ unsafe fn text_input(type_oid: pg_sys::Oid, typmod: i32, explicit: bool, context
         io_param,
         typmod: if interval { typmod } else { -1 },
         shortcut: Shortcut::of(type_oid),
-        fit: if interval { None } else { fit(type_oid, typmod, explicit, context) },
+        fit: if interval { None } else { fit(type_oid, typmod, context) },
     }
 }
 
 /// The length coercion of `base` to `typmod`, if the type has one and the typmod is set.
-unsafe fn fit(base: pg_sys::Oid, typmod: i32, explicit: bool, context: pg_sys::MemoryContext) -> Option<Fit> {
+unsafe fn fit(base: pg_sys::Oid, typmod: i32, context: pg_sys::MemoryContext) -> Option<Fit> {
     let mut function_oid = pg_sys::InvalidOid;
     if typmod < 0
         || pg_sys::find_typmod_coercion_function(base, &mut function_oid)
@@ -305,7 +305,7 @@ unsafe fn fit(base: pg_sys::Oid, typmod: i32, explicit: bool, context: pg_sys::M
     }
     let mut function = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
     pg_sys::fmgr_info_cxt(function_oid, &mut *function, context);
-    Some(Fit { function, typmod, explicit })
+    Some(Fit { function, typmod })
 }
 
 /// What a client's literal for a column is made into when its statement is parsed.
@@ -314,9 +314,10 @@ pub enum Literal {
     /// Compared with a key column: a value of the column's type.
     Key,
     /// Assigned to a column: a value of its type with its typmod, as assignment makes it. A
-    /// domain's column takes a value of the base type fitted to the domain's typmod as the
-    /// explicit cast to the domain fits it (a too long string is cut, a too large number
-    /// refused); the domain's own checks run when the row is written.
+    /// domain's column takes a value of the base type fitted to the domain's typmod, as the
+    /// assignment to the domain fits it (a too long string is refused with 22001, as
+    /// jsonb_populate_record and a driver's parameter refuse it); the domain's own checks run
+    /// when the row is written.
     Change,
 }
 
@@ -331,12 +332,11 @@ pub struct Literals {
     made: Vec<(usize, usize, Input)>,
 }
 
-/// A typmod applied by the type's length coercion function, as an assignment applies it, or
-/// with isExplicit as a cast does (a too long string is cut rather than refused).
+/// A typmod applied by the type's length coercion function, as an assignment applies it (a
+/// too long string is refused, not cut as by a cast).
 struct Fit {
     function: Box<pg_sys::FmgrInfo>,
     typmod: i32,
-    explicit: bool,
 }
 
 impl Literals {
@@ -353,9 +353,9 @@ impl Literals {
                 continue;
             }
             let input = match literal {
-                Literal::Key => text_input(base, -1, false, owned.0),
-                Literal::Change if base == attr.atttypid => text_input(base, attr.atttypmod, false, owned.0),
-                Literal::Change => text_input(base, domain_typmod, true, owned.0),
+                Literal::Key => text_input(base, -1, owned.0),
+                Literal::Change if base == attr.atttypid => text_input(base, attr.atttypmod, owned.0),
+                Literal::Change => text_input(base, domain_typmod, owned.0),
             };
             made.push((argument, position, input));
         }
@@ -420,13 +420,7 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
                 Some(fit) => {
                     let function = (&*fit.function as *const pg_sys::FmgrInfo).cast_mut();
                     (
-                        ffi::FunctionCall3Coll(
-                            function,
-                            pg_sys::InvalidOid,
-                            value,
-                            fit.typmod.into(),
-                            fit.explicit.into(),
-                        ),
+                        ffi::FunctionCall3Coll(function, pg_sys::InvalidOid, value, fit.typmod.into(), false.into()),
                         false,
                     )
                 }

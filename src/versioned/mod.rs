@@ -27,7 +27,7 @@ mod direct;
 use direct::{DirectUpdate, Literal, Literals};
 
 static RELATION: Statement = Statement {
-    sql: "SELECT c.relkind::text, pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' \
+    sql: "SELECT c.relkind::pg_catalog.text, pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' \
                  OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname) \
           FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
           WHERE c.oid OPERATOR(pg_catalog.=) $1",
@@ -42,7 +42,7 @@ static RELATION: Statement = Statement {
 /// since jsonb_to_record reads text with the input function; everything else is the member's
 /// text cast to the type, which is that input function.
 static COLUMNS: Statement = Statement {
-    sql: "SELECT a.attname::text, a.atttypid, \
+    sql: "SELECT a.attname::pg_catalog.text, a.atttypid, \
                  pg_catalog.quote_ident(tn.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(t.typname), \
                  CASE WHEN b.oid OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype THEN 'jsonb' \
                       WHEN b.oid OPERATOR(pg_catalog.=) 'pg_catalog.json'::pg_catalog.regtype THEN 'json' \
@@ -75,7 +75,7 @@ static COLUMNS: Statement = Statement {
 // Only an index's first indnkeyatts columns are its key: the INCLUDE columns of a covering
 // index after them are stored, never compared, and ON CONFLICT does not name them.
 static UNIQUE_KEYS: Statement = Statement {
-    sql: "SELECT i.indisprimary, ARRAY(SELECT a.attname::text \
+    sql: "SELECT i.indisprimary, ARRAY(SELECT a.attname::pg_catalog.text \
                  FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(n, position) \
                  JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid \
                   AND a.attnum OPERATOR(pg_catalog.=) k.n \
@@ -205,7 +205,7 @@ impl Table {
 
     /// The "newer than" operator of the version column, qualified by its own schema.
     pub fn version_order(&self, column: &str) -> Result<String> {
-        self.operator(column, Operator::Less).map_err(|e| e.hint("Use an integer, numeric or timestamptz version."))
+        self.operator(column, Operator::Less)
     }
 
     fn equality(&self, column: &str) -> Result<String> {
@@ -226,10 +226,14 @@ impl Table {
             Operator::Equal => entry.eq_opr,
         };
         if oid == pg_sys::InvalidOid {
-            return Err(IdemError::new(
+            let error = IdemError::new(
                 SqlState::UndefinedFunction,
                 format!("{role} column \"{column}\" of {} has a type without {missing}", self.name),
-            ));
+            );
+            return Err(match wanted {
+                Operator::Less => error.hint("Use an integer, numeric or timestamptz version."),
+                Operator::Equal => error,
+            });
         }
         operator_name(oid)
     }
@@ -510,15 +514,19 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
             .map(|m| format!("{0} = EXCLUDED.{0}", quote_ident(m.name)))
             .collect();
         let v = quote_ident(version);
+        // A row of key columns alone (the version among them, as in a table of events keyed
+        // by id and version) has nothing to update: a conflict is the same version.
+        let action = if set.is_empty() {
+            "DO NOTHING".to_string()
+        } else {
+            format!("DO UPDATE SET {} WHERE t.{v} IS NULL OR t.{v} {newer} EXCLUDED.{v}", set.join(", "))
+        };
         let sql = format!(
-            "INSERT INTO {table} AS t ({columns}) VALUES ({values}) \
-             ON CONFLICT ({conflict}) DO UPDATE SET {set} \
-             WHERE t.{v} IS NULL OR t.{v} {newer} EXCLUDED.{v}",
+            "INSERT INTO {table} AS t ({columns}) VALUES ({values}) ON CONFLICT ({conflict}) {action}",
             table = table.name,
             columns = members.iter().map(|m| quote_ident(m.name)).collect::<Vec<_>>().join(", "),
             values = values.join(", "),
             conflict = primary.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "),
-            set = set.join(", "),
         );
         // In the row's order, as the hand-written INSERT's VALUES list them.
         let order: Vec<_> = members.iter().enumerate().map(|(i, m)| (0, i, m.name, Literal::Change)).collect();
@@ -546,15 +554,38 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
 
 /// The guard itself: a BEFORE UPDATE row trigger that turns an UPDATE whose version is not
 /// newer than the stored one into a no-op, for every client and every ORM.
+///
+/// Any role with USAGE on the schema can attach it to a table of its own, with any timing,
+/// event and arguments, so it checks how it was called before reading a tuple or an argument,
+/// as PostgreSQL's own trigger functions do (39P01), and checks the column's ordering on every
+/// call: the column's type may have been changed since the guard was installed.
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    let protocol = |message: &str| -> ! {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+            format!("idempotency.version_guard(): {message}"),
+            "Install the guard with idem_version_guard(table, version_column)."
+        );
+    };
     let data = (*fcinfo).context as *mut pg_sys::TriggerData;
     if data.is_null() || (*data).type_ != pg_sys::NodeTag::T_TriggerData {
-        error!("idempotency.version_guard() must be called as a trigger");
+        protocol("must be called as a trigger");
     }
     let data = &*data;
+    let event = data.tg_event;
+    if event & pg_sys::TRIGGER_EVENT_TIMINGMASK != pg_sys::TRIGGER_EVENT_BEFORE
+        || event & pg_sys::TRIGGER_EVENT_ROW == 0
+        || event & pg_sys::TRIGGER_EVENT_OPMASK != pg_sys::TRIGGER_EVENT_UPDATE
+    {
+        protocol("must be fired BEFORE UPDATE FOR EACH ROW");
+    }
     let trigger = &*data.tg_trigger;
+    if trigger.tgnargs != 1 {
+        protocol(&format!("takes the version column as its one argument, not {} arguments", trigger.tgnargs));
+    }
     let tupdesc = (*data.tg_relation).rd_att;
     let column = std::ffi::CStr::from_ptr(*trigger.tgargs);
     let attnum = pg_sys::SPI_fnumber(tupdesc, column.as_ptr());
@@ -575,6 +606,17 @@ pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::Funct
         (true, false) => true,
         (false, false) => {
             let entry = pg_sys::lookup_type_cache(attr.atttypid, pg_sys::TYPECACHE_CMP_PROC_FINFO as i32);
+            if (*entry).cmp_proc == pg_sys::InvalidOid {
+                ereport!(
+                    ERROR,
+                    PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
+                    format!(
+                        "version column \"{}\" of a guarded table has a type without ordering",
+                        column.to_string_lossy()
+                    ),
+                    "Use an integer, numeric or timestamptz version, or drop the guard with idem_version_unguard."
+                );
+            }
             let cmp = &mut (*entry).cmp_proc_finfo;
             pg_sys::FunctionCall2Coll(cmp, attr.attcollation, new, old).value() as i32 > 0
         }

@@ -508,16 +508,19 @@ impl Db {
     /// column's type without its typmod (assignment applies the typmod, as it does to the
     /// extension's values), but an interval's with its fields, which its input reads by (as
     /// an untyped literal assigned to the column is read: '1' is a year in `interval year`),
-    /// JSON null as NULL::type, json and jsonb columns the JSON itself.
+    /// JSON null as NULL::type, json and jsonb columns the JSON itself. A domain's literal is
+    /// left untyped, as a client writes it: a cast to the domain would fit it to the domain's
+    /// typmod as a cast does (cutting a too long string), where an assignment refuses it.
     fn literals(&mut self, json: &str) -> Result<Vec<(String, String)>, String> {
         let sql = format!(
             "SELECT quote_ident(m.k), \
                     CASE WHEN jsonb_typeof(j -> m.k) = 'null' THEN 'NULL' \
                          WHEN t.typname IN ('json', 'jsonb') THEN quote_literal((j -> m.k)::text) \
                          ELSE quote_literal(j ->> m.k) END \
-                    || '::' || CASE WHEN a.atttypid = 'interval'::regtype AND a.atttypmod >= 0 \
-                                    THEN format_type(a.atttypid, a.atttypmod) \
-                                    ELSE quote_ident(tn.nspname) || '.' || quote_ident(t.typname) END \
+                    || CASE WHEN t.typtype = 'd' THEN '' \
+                            WHEN a.atttypid = 'interval'::regtype AND a.atttypmod >= 0 \
+                            THEN '::' || format_type(a.atttypid, a.atttypmod) \
+                            ELSE '::' || quote_ident(tn.nspname) || '.' || quote_ident(t.typname) END \
              FROM (SELECT {}::jsonb AS j) v, jsonb_object_keys(j) WITH ORDINALITY m(k, n) \
              JOIN pg_attribute a ON a.attrelid = 't.tab'::regclass AND a.attname = m.k AND NOT a.attisdropped \
              JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace tn ON tn.oid = t.typnamespace ORDER BY m.n",
