@@ -370,7 +370,8 @@ DECLARE
   done_blocks bigint := 0;
   table_start bigint;
   phase integer;
-  over_budget record;
+  -- Qualified like every name here: an unqualified type is looked up in pg_temp first.
+  over_budget pg_catalog.record;
   first_block bigint;
   last_block bigint;
   removed bigint;

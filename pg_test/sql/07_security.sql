@@ -54,9 +54,10 @@ WHERE key_digest IN (idem_digest('trap-1'), idem_digest('trap-2'));
 
 -- Nor when the role lists its schema before pg_catalog, where its own "=" on text, bigint
 -- and uuid comes first for whatever names an operator without its schema (CASE … WHEN and
--- IS NOT DISTINCT FROM do), or with a type "text" in pg_temp, which comes first for type
--- names: no trap fires, and the calls work. Before 0.5.0 the diagnostics and a send repeated
--- with the same id ran the role's "=", and a claim that passed sent_at failed with 42846.
+-- IS NOT DISTINCT FROM do), or with types "text" and "record" in pg_temp, which come first
+-- for type names: no trap fires, and the calls work. Before 0.5.0 the diagnostics and a send
+-- repeated with the same id ran the role's "=", a claim that passed sent_at failed with
+-- 42846, and the purge ran the CHECK of the role's "record".
 CREATE FUNCTION trap.loud_text_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN RAISE WARNING 'trap: text = text'; RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
 CREATE OPERATOR trap.= (LEFTARG = text, RIGHTARG = text, FUNCTION = trap.loud_text_eq);
@@ -65,6 +66,7 @@ BEGIN RAISE WARNING 'trap: int8 = int8'; RETURN $1 OPERATOR(pg_catalog.=) $2; EN
 CREATE OPERATOR trap.= (LEFTARG = int8, RIGHTARG = int8, FUNCTION = trap.loud_int8_eq);
 CREATE TABLE public.trap_rows (id int PRIMARY KEY, label text, version int);
 INSERT INTO public.trap_rows VALUES (1, 'a', 1);
+CREATE DOMAIN pg_temp.record AS text CHECK (trap.loud_text_eq(VALUE, VALUE));
 CREATE DOMAIN pg_temp.text AS int4;
 SET search_path = trap, pg_catalog, public;
 SELECT count(*) OPERATOR(pg_catalog.>=) 0 AS diagnostics FROM idem_diagnostics();
@@ -81,7 +83,7 @@ SELECT idem_versioned_update('public.trap_rows', '{"id": 1}', '{"label": "b", "v
 SELECT idem_version_guard('public.trap_rows', 'version');
 CALL idem_purge();
 RESET search_path;
-DROP DOMAIN pg_temp.text;
+DROP DOMAIN pg_temp.text, pg_temp.record;
 SELECT * FROM trap_rows ORDER BY id;
 DROP TABLE trap_rows;
 

@@ -293,6 +293,27 @@ SELECT * FROM exact_events ORDER BY version;
 DROP TABLE exact_skus, exact_events;
 DROP DOMAIN exact_sku;
 
+-- A key or a version whose column has a domain is compared as the type beneath the domain,
+-- without the domain's typmod and CHECKs, as WHERE compares a literal: 'abcdef' matches no
+-- 'abc' (before 0.5.0 the statement cut it to 'abc' and updated that row), a key that fails
+-- the domain's CHECK matches nothing and is no error, and in a numeric(5,0) domain 1.4 is
+-- newer than 1 (then stored rounded), as for a plain numeric(5,0) version.
+CREATE DOMAIN exact_code AS varchar(3) CHECK (VALUE <> 'zz');
+CREATE DOMAIN exact_whole AS numeric(5,0);
+CREATE TABLE exact_codes (code exact_code PRIMARY KEY, version exact_whole, label text);
+INSERT INTO exact_codes VALUES ('abc', 1, 'first'), ('abd', 1, 'first');
+SELECT idem_versioned_update('exact_codes', '{"code": "abcdef"}', '{"label": "cut", "version": 2}') AS too_long_key,
+       idem_versioned_update('exact_codes', '{"code": "zz"}', '{"label": "checked", "version": 2}') AS key_failing_check,
+       idem_versioned_update('exact_codes', '{"code": "abc"}', '{"label": "fraction", "version": 1.4}') AS fraction_newer;
+WITH u AS (UPDATE exact_codes SET label = 'cut', version = 2 WHERE code = 'abcdef' AND (version IS NULL OR version < 2) RETURNING 1),
+     c AS (UPDATE exact_codes SET label = 'checked', version = 2 WHERE code = 'zz' AND (version IS NULL OR version < 2) RETURNING 1),
+     f AS (UPDATE exact_codes SET label = 'fraction', version = '1.4' WHERE code = 'abd' AND (version IS NULL OR version < '1.4') RETURNING 1)
+SELECT (SELECT count(*) FROM u) AS hand_too_long_key, (SELECT count(*) FROM c) AS hand_key_failing_check,
+       (SELECT count(*) FROM f) AS hand_fraction_newer;
+SELECT * FROM exact_codes ORDER BY code;
+DROP TABLE exact_codes;
+DROP DOMAIN exact_code, exact_whole;
+
 -- The extension dropped and created again under a session that claimed before: the next
 -- claim finds the new ledger, for any role.
 CREATE ROLE recreated_app;

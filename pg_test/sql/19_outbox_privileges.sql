@@ -9,6 +9,7 @@ GRANT SELECT, INSERT ON idempotency.ledger TO outbox_app;
 GRANT SELECT, INSERT ON idempotency.outbox TO outbox_app;
 GRANT USAGE ON SEQUENCE idempotency.outbox_seq TO outbox_app;
 GRANT SELECT, UPDATE ON idempotency.outbox TO outbox_relay;
+GRANT USAGE ON SEQUENCE idempotency.outbox_seq TO outbox_relay;
 
 SET ROLE outbox_app;
 BEGIN;
@@ -36,6 +37,11 @@ GRANT USAGE ON SCHEMA idempotency TO outbox_stranger;
 SET ROLE outbox_stranger;
 SELECT sqlstate_of($$SELECT idempotency.lock_ordering_key('order-19')$$) AS stranger_locks;
 RESET ROLE;
+-- A column-level GRANT is a GRANT: such a sender may lock.
+GRANT INSERT (topic, payload) ON idempotency.outbox TO outbox_stranger;
+SET ROLE outbox_stranger;
+SELECT sqlstate_of($$SELECT idempotency.lock_ordering_key('order-19')$$) AS column_grant_locks;
+RESET ROLE;
 SET ROLE outbox_relay;
 BEGIN;
 SELECT idempotency.lock_ordering_key('order-19') AS relay_locks;
@@ -45,6 +51,18 @@ ROLLBACK;
 RESET ROLE;
 DROP OWNED BY outbox_stranger;
 DROP ROLE outbox_stranger;
+-- The relay's role with the README's grants requeues a set-aside message (its lock and its
+-- new position).
+BEGIN;
+SELECT idem_send('orders.refunded', '{"order": 19}', ordering_key => 'order-19', key => 'refund-19') AS refund_id \gset
+COMMIT;
+BEGIN;
+SELECT count(*) AS taken FROM idem_outbox_take() WHERE id = :'refund_id';
+SELECT idem_outbox_failed(:'refund_id', 'broker refused', max_attempts => 1) AS set_aside;
+COMMIT;
+SET ROLE outbox_relay;
+SELECT idem_outbox_requeue(:'refund_id') AS requeued;
+RESET ROLE;
 
 -- Without the sequence a sender is refused too.
 REVOKE USAGE ON SEQUENCE idempotency.outbox_seq FROM outbox_app;

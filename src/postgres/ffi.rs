@@ -99,6 +99,7 @@ unguarded! {
     fn aclcheck_error(aclerr: AclResult::Type, objtype: ObjectType::Type, objectname: *const ::core::ffi::c_char);
     fn GetUserId() -> Oid;
     fn pg_class_aclmask(table_oid: Oid, roleid: Oid, mask: AclMode, how: AclMaskHow::Type) -> AclMode;
+    fn pg_attribute_aclcheck_all(table_oid: Oid, roleid: Oid, mode: AclMode, how: AclMaskHow::Type) -> AclResult::Type;
     fn IsCatalogRelation(relation: Relation) -> bool;
     fn get_namespace_oid(nspname: *const ::core::ffi::c_char, missing_ok: bool) -> Oid;
     fn get_relname_relid(relname: *const ::core::ffi::c_char, relnamespace: Oid) -> Oid;

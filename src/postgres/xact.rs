@@ -161,9 +161,9 @@ pub enum Caller {
 /// any lock does: lock_timeout, deadlock detection (40P01) and cancel apply.
 ///
 /// `Caller::Anyone` is the SQL function idempotency.lock_ordering_key, which every role may
-/// execute: it takes the lock only for a role that may write the outbox (INSERT or UPDATE),
-/// as the senders and requeuers it is for can, so that no other role can hold up a key's
-/// senders. idem_send's own INSERT checks its privilege after the lock, and its error ends
+/// execute: it takes the lock only for a role that may write the outbox (INSERT or UPDATE, on
+/// the table or on a column), as the senders and requeuers it is for can, so that no other
+/// role can hold up a key's senders. idem_send's own INSERT checks its privilege after the lock, and its error ends
 /// the lock with the transaction or savepoint.
 pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), PgError> {
     let hash = Sha256::digest(key);
@@ -182,13 +182,12 @@ pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), PgError> {
                     "relation \"idempotency.outbox\" does not exist"
                 );
             }
+            let (user, write) = (ffi::GetUserId(), (pg_sys::ACL_INSERT | pg_sys::ACL_UPDATE) as pg_sys::AclMode);
+            // On the table, or on any of its columns, as a column-level GRANT lets a role send.
             if caller == Caller::Anyone
-                && ffi::pg_class_aclmask(
-                    outbox,
-                    ffi::GetUserId(),
-                    (pg_sys::ACL_INSERT | pg_sys::ACL_UPDATE) as pg_sys::AclMode,
-                    pg_sys::AclMaskHow::ACLMASK_ANY,
-                ) == 0
+                && ffi::pg_class_aclmask(outbox, user, write, pg_sys::AclMaskHow::ACLMASK_ANY) == 0
+                && ffi::pg_attribute_aclcheck_all(outbox, user, write, pg_sys::AclMaskHow::ACLMASK_ANY)
+                    != pg_sys::AclResult::ACLCHECK_OK
             {
                 ffi::aclcheck_error(
                     pg_sys::AclResult::ACLCHECK_NO_PRIV,

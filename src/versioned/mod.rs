@@ -56,7 +56,8 @@ static COLUMNS: Statement = Statement {
                  a.attnum, \
                  CASE WHEN a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.interval'::pg_catalog.regtype \
                        AND a.atttypmod OPERATOR(pg_catalog.>=) 0 \
-                      THEN pg_catalog.format_type(a.atttypid, a.atttypmod) END \
+                      THEN pg_catalog.format_type(a.atttypid, a.atttypmod) END, \
+                 pg_catalog.quote_ident(bn.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(b.typname) \
           FROM pg_catalog.pg_attribute a \
           JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid \
           JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace \
@@ -68,6 +69,7 @@ static COLUMNS: Statement = Statement {
                   JOIN pg_catalog.pg_type d ON d.oid OPERATOR(pg_catalog.=) chain.base \
                   WHERE chain.typtype OPERATOR(pg_catalog.=) 'd') \
                 SELECT chain.oid FROM chain WHERE chain.typtype OPERATOR(pg_catalog.<>) 'd') \
+          JOIN pg_catalog.pg_namespace bn ON bn.oid OPERATOR(pg_catalog.=) b.typnamespace \
           WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped",
     args: &[pg_sys::OIDOID],
 };
@@ -104,6 +106,19 @@ struct Column {
     /// reading would make it 00:00:00. (The grammar's own name: no search_path can move it.)
     /// A domain's fields are its own, which jsonb_to_record reads by.
     typmod_name: Option<String>,
+    /// The type beneath all its domains, without a typmod: what a key or a version is
+    /// compared as. `k = 'abcdef'` compares the literal as text with a `varchar(3)` domain's
+    /// column; fitted to the domain it would be cut to 'abc', or fail the domain's CHECK.
+    base_name: String,
+}
+
+/// What a member's value is made for (see [`Table::value_of`]).
+#[derive(Clone, Copy)]
+enum Use {
+    /// Assigned to its column, as SET and VALUES assign it.
+    Assigned,
+    /// Compared with its column, as WHERE compares a literal.
+    Compared,
 }
 
 /// A table a versioned write may target, read from the catalog.
@@ -138,6 +153,7 @@ impl Table {
                         type_name: rows.get::<String>(i, 3)?,
                         conversion: rows.get::<String>(i, 4)?,
                         typmod_name: rows.get::<String>(i, 6),
+                        base_name: rows.get::<String>(i, 7)?,
                     };
                     Some((rows.get::<String>(i, 1)?, column))
                 })
@@ -160,26 +176,29 @@ impl Table {
     }
 
     /// The SQL expression that turns member `column` of jsonb parameter `param` into a value
-    /// of the column's type, by that type's own rules.
-    fn value_of(&self, param: &str, column: &str) -> Result<String> {
+    /// of the column's type, by that type's own rules; a compared value is of the type
+    /// beneath the column's domains, without its typmod (see Column).
+    fn value_of(&self, param: &str, column: &str, used: Use) -> Result<String> {
         let c = self.get(column)?;
         let member = quote_literal(column);
+        let (type_name, record_type) = match used {
+            Use::Assigned => (&c.type_name, c.typmod_name.as_ref().unwrap_or(&c.type_name)),
+            Use::Compared => (&c.base_name, &c.base_name),
+        };
         Ok(match c.conversion.as_str() {
             // JSON null is SQL NULL for every column type, jsonb and json included, as in
             // jsonb_populate_record.
             "jsonb" | "json" => format!(
                 "(CASE WHEN pg_catalog.jsonb_typeof({param} OPERATOR(pg_catalog.->) {member}) OPERATOR(pg_catalog.<>) 'null' \
-                 THEN ({param} OPERATOR(pg_catalog.->) {member}) END)::{}",
-                c.type_name
+                 THEN ({param} OPERATOR(pg_catalog.->) {member}) END)::{type_name}"
             ),
             // A record of this one column, not of the table: the table's other columns
             // would be NULL in it, which a NOT NULL domain among them refuses. The typmod is
             // left to the assignment, as for text below, but an interval's (see Column).
             "record" => format!(
-                "(SELECT r.v FROM pg_catalog.jsonb_to_record(pg_catalog.jsonb_build_object('v', {param} OPERATOR(pg_catalog.->) {member})) AS r(v {}))",
-                c.typmod_name.as_deref().unwrap_or(&c.type_name)
+                "(SELECT r.v FROM pg_catalog.jsonb_to_record(pg_catalog.jsonb_build_object('v', {param} OPERATOR(pg_catalog.->) {member})) AS r(v {record_type}))"
             ),
-            _ => format!("({param} OPERATOR(pg_catalog.->>) {member})::{}", c.type_name),
+            _ => format!("({param} OPERATOR(pg_catalog.->>) {member})::{type_name}"),
         })
     }
 
@@ -437,7 +456,7 @@ fn versioned_update(
         }
         let mut set = Vec::new();
         for member in &change_members {
-            set.push(format!("{} = {}", quote_ident(member.name), table.value_of("$2", member.name)?));
+            set.push(format!("{} = {}", quote_ident(member.name), table.value_of("$2", member.name, Use::Assigned)?));
         }
         let mut matches = Vec::new();
         for member in &key_members {
@@ -445,7 +464,7 @@ fn versioned_update(
                 "t.{} {} {}",
                 quote_ident(member.name),
                 table.equality(member.name)?,
-                table.value_of("$1", member.name)?
+                table.value_of("$1", member.name, Use::Compared)?
             ));
         }
         let v = quote_ident(version);
@@ -454,7 +473,7 @@ fn versioned_update(
             table = table.name,
             set = set.join(", "),
             matches = matches.join(" AND "),
-            new_version = table.value_of("$2", version)?,
+            new_version = table.value_of("$2", version, Use::Compared)?,
         );
         statement_plan(rel, &order, &sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])
     })?;
@@ -500,7 +519,7 @@ fn versioned_upsert(target: Option<pg_sys::Oid>, row: Option<pg_sys::Datum>, ver
         };
         let mut values = Vec::new();
         for member in &members {
-            values.push(table.value_of("$1", member.name)?);
+            values.push(table.value_of("$1", member.name, Use::Assigned)?);
         }
         if let Some(missing) = primary.iter().find(|c| !members.iter().any(|m| m.name == c.as_str())) {
             return Err(IdemError::new(
@@ -552,6 +571,9 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
     Ok(())
 }
 
+/// The function the guard's errors name.
+const GUARD: &str = "idem_version_guard_trigger";
+
 /// The guard itself: a BEFORE UPDATE row trigger that turns an UPDATE whose version is not
 /// newer than the stored one into a no-op, for every client and every ORM.
 ///
@@ -562,13 +584,19 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    let refuse = |report: pg_sys::panic::ErrorReport, hint: &str| -> ! {
+        report.set_hint(hint).report(PgLogLevel::ERROR);
+        unreachable!("an ERROR does not return")
+    };
     let protocol = |message: &str| -> ! {
-        ereport!(
-            ERROR,
-            PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
-            format!("idempotency.version_guard(): {message}"),
-            "Install the guard with idem_version_guard(table, version_column)."
-        );
+        refuse(
+            pg_sys::panic::ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+                format!("idempotency.version_guard(): {message}"),
+                GUARD,
+            ),
+            "Install the guard with idem_version_guard(table, version_column).",
+        )
     };
     let data = (*fcinfo).context as *mut pg_sys::TriggerData;
     if data.is_null() || (*data).type_ != pg_sys::NodeTag::T_TriggerData {
@@ -590,11 +618,13 @@ pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::Funct
     let column = std::ffi::CStr::from_ptr(*trigger.tgargs);
     let attnum = pg_sys::SPI_fnumber(tupdesc, column.as_ptr());
     if attnum <= 0 {
-        ereport!(
-            ERROR,
-            PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
-            format!("version column \"{}\" of a guarded table does not exist", column.to_string_lossy()),
-            "Drop the guard with idem_version_unguard, or guard the renamed column again."
+        refuse(
+            pg_sys::panic::ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
+                format!("version column \"{}\" of a guarded table does not exist", column.to_string_lossy()),
+                GUARD,
+            ),
+            "Drop the guard with idem_version_unguard, or guard the renamed column again.",
         );
     }
     let attr = &crate::postgres::descriptor_attributes(tupdesc)[attnum as usize - 1];
@@ -607,14 +637,16 @@ pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::Funct
         (false, false) => {
             let entry = pg_sys::lookup_type_cache(attr.atttypid, pg_sys::TYPECACHE_CMP_PROC_FINFO as i32);
             if (*entry).cmp_proc == pg_sys::InvalidOid {
-                ereport!(
-                    ERROR,
-                    PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
-                    format!(
-                        "version column \"{}\" of a guarded table has a type without ordering",
-                        column.to_string_lossy()
+                refuse(
+                    pg_sys::panic::ErrorReport::new(
+                        PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
+                        format!(
+                            "version column \"{}\" of a guarded table has a type without ordering",
+                            column.to_string_lossy()
+                        ),
+                        GUARD,
                     ),
-                    "Use an integer, numeric or timestamptz version, or drop the guard with idem_version_unguard."
+                    "Use an integer, numeric or timestamptz version, or drop the guard with idem_version_unguard.",
                 );
             }
             let cmp = &mut (*entry).cmp_proc_finfo;
