@@ -163,8 +163,8 @@ pub enum Caller {
 /// `Caller::Anyone` is the SQL function idempotency.lock_ordering_key, which every role may
 /// execute: it takes the lock only for a role that may write the outbox (INSERT or UPDATE, on
 /// the table or on a column), as the senders and requeuers it is for can, so that no other
-/// role can hold up a key's senders. idem_send's own INSERT checks its privilege after the lock, and its error ends
-/// the lock with the transaction or savepoint.
+/// role can hold up a key's senders. idem_send's own INSERT checks its privilege after the
+/// lock, and its error ends the lock with the transaction or savepoint.
 pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), PgError> {
     let hash = Sha256::digest(key);
     let objid = u32::from_be_bytes(hash[..4].try_into().expect("SHA-256 has 32 bytes"));
