@@ -110,8 +110,9 @@ impl Ledger {
         }
     }
 
-    /// Inserts the claim unless (scope, key) is already claimed; true when inserted.
-    fn claim(&self, digest: Uuid, scope_id: i64, fingerprint: Option<Uuid>) -> Result<bool> {
+    /// Inserts the claim unless (scope, key) is already claimed; true when inserted, None
+    /// where the statement must decide ([`Insert::ToStatement`]).
+    fn claim(&self, digest: Uuid, scope_id: i64, fingerprint: Option<Uuid>) -> Result<Option<bool>> {
         let inserted = self.0.insert(|values, nulls| {
             (values[KEY_DIGEST], nulls[KEY_DIGEST]) = (digest.into_datum().expect("a uuid datum"), false);
             (values[SCOPE_ID], nulls[SCOPE_ID]) = (pg_sys::Datum::from(scope_id), false);
@@ -119,7 +120,11 @@ impl Ledger {
                 (values[FINGERPRINT], nulls[FINGERPRINT]) = (fingerprint.into_datum().expect("a uuid datum"), false);
             }
         })?;
-        Ok(matches!(inserted, Insert::Inserted))
+        Ok(match inserted {
+            Insert::Inserted => Some(true),
+            Insert::Conflict => Some(false),
+            Insert::ToStatement => None,
+        })
     }
 
     fn finish(self) -> Result<()> {
@@ -165,8 +170,10 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
         if let Some(ledger) = Ledger::open(columns)? {
             let inserted = ledger.claim(digest, scope.id, fingerprint)?;
             ledger.finish()?;
-            direct.set(true);
-            return Ok(inserted);
+            if let Some(inserted) = inserted {
+                direct.set(true);
+                return Ok(inserted);
+            }
         }
         let inserted = match fingerprint {
             Some(f) => INSERT_CLAIM_WITH_FINGERPRINT
@@ -301,24 +308,30 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
         return Ok(Vec::new());
     }
     distinct.sort_unstable();
-    let inserted: HashSet<[u8; 16]> = match Ledger::open(Columns::Key)? {
-        Some(ledger) => {
-            let mut new = HashSet::with_capacity(distinct.len());
-            for d in &distinct {
-                if ledger.claim(Uuid::from_bytes(*d), scope.id, None)? {
-                    new.insert(*d);
+    // Directly while the ledger allows it; the statement takes the rest from the first digest
+    // the direct path leaves to it, or all of them.
+    let mut inserted: HashSet<[u8; 16]> = HashSet::with_capacity(distinct.len());
+    let mut rest = &distinct[..];
+    if let Some(ledger) = Ledger::open(Columns::Key)? {
+        while let Some((d, after)) = rest.split_first() {
+            match ledger.claim(Uuid::from_bytes(*d), scope.id, None)? {
+                Some(new) => {
+                    if new {
+                        inserted.insert(*d);
+                    }
+                    rest = after;
                 }
+                None => break,
             }
-            ledger.finish()?;
-            new
         }
-        None => {
-            let batch: Vec<Uuid> = distinct.iter().map(|d| Uuid::from_bytes(*d)).collect();
-            INSERT_MANY.run(&[DatumWithOid::from(batch), DatumWithOid::from(scope.id)], |rows| {
-                (0..rows.len()).filter_map(|i| rows.get::<Uuid>(i, 1)).map(|d| *d.as_bytes()).collect()
-            })?
-        }
-    };
+        ledger.finish()?;
+    }
+    if !rest.is_empty() {
+        let batch: Vec<Uuid> = rest.iter().map(|d| Uuid::from_bytes(*d)).collect();
+        INSERT_MANY.run(&[DatumWithOid::from(batch), DatumWithOid::from(scope.id)], |rows| {
+            inserted.extend((0..rows.len()).filter_map(|i| rows.get::<Uuid>(i, 1)).map(|d| *d.as_bytes()))
+        })?;
+    }
     let claimed: Vec<bool> = digests
         .iter()
         .enumerate()

@@ -142,8 +142,9 @@ impl Outbox {
     }
 
     /// INSERT_MESSAGE's steps after its privilege checks: the next seq (nextval's own
-    /// privilege check included), then the row unless its id is present.
-    fn insert(&self, row: &Row) -> Result<bool> {
+    /// privilege check included), then the row unless its id is present. None where the
+    /// statement must decide ([`Insert::ToStatement`]).
+    fn insert(&self, row: &Row) -> Result<Option<bool>> {
         // SAFETY: nextval(regclass), the statement's own function, raises (no privilege, a
         // read-only transaction, the sequence exhausted) inside catch.
         let seq = unsafe {
@@ -160,7 +161,11 @@ impl Outbox {
             (values[PAYLOAD], nulls[PAYLOAD]) = (row.payload, false);
             (values[HEADERS], nulls[HEADERS]) = optional(row.headers);
         })?;
-        Ok(matches!(inserted, Insert::Inserted))
+        Ok(match inserted {
+            Insert::Inserted => Some(true),
+            Insert::Conflict => Some(false),
+            Insert::ToStatement => None,
+        })
     }
 
     fn finish(self) -> Result<()> {
@@ -173,7 +178,11 @@ fn insert_message(row: &Row) -> Result<bool> {
     if let Some(outbox) = Outbox::open()? {
         let inserted = outbox.insert(row)?;
         outbox.finish()?;
-        return Ok(inserted);
+        // Where the statement decides, it draws its own seq: the one drawn here is a gap,
+        // as a rolled-back send leaves one.
+        if let Some(inserted) = inserted {
+            return Ok(inserted);
+        }
     }
     Ok(INSERT_MESSAGE.run(&row.args(), |rows| rows.len() == 1)?)
 }

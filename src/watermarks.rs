@@ -160,11 +160,18 @@ impl DirectMove {
         })
     }
 
-    /// MOVE: true when the partition's row moved to `pos`.
+    /// MOVE: true when the partition's row moved to `pos`; None where the statement must
+    /// decide (a serialization failure, see [`update_where`]).
     ///
     /// # Safety
     /// `rel` must be the plan's table, open with RowExclusiveLock and [`is_plain`].
-    unsafe fn run(&self, rel: pg_sys::Relation, stream: &str, partition: &str, pos: &AnyNumeric) -> Result<bool> {
+    unsafe fn run(
+        &self,
+        rel: pg_sys::Relation,
+        stream: &str,
+        partition: &str,
+        pos: &AnyNumeric,
+    ) -> Result<Option<bool>> {
         let stream = stream.into_datum().expect("a text is a datum");
         let partition = partition.into_datum().expect("a text is a datum");
         let pos = pos.clone().into_datum().expect("a numeric is a datum");
@@ -192,7 +199,7 @@ fn move_directly(stream: &str, partition: &str, pos: &AnyNumeric) -> Result<Opti
         let rel = WATERMARKS_OIDS.with(|oids| open_owned(c"idempotency", c"watermarks", oids))?;
         let plan = if is_plain(rel) { direct_move(rel) } else { None };
         let moved = match plan {
-            Some(plan) => Some(plan.run(rel, stream, partition, pos)?),
+            Some(plan) => plan.run(rel, stream, partition, pos)?,
             None => None,
         };
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);

@@ -17,8 +17,9 @@ import pathlib, re, sys
 readme_path, errcodes_path = sys.argv[1], sys.argv[2]
 # Rows whose code PostgreSQL raises on the extension's behalf: 2D000 at the COMMIT between
 # idem_purge's batches when it is CALLed inside a transaction block; 42501 from privilege checks
-# and row-level security.
-RAISED_BY_POSTGRES = {"2D000", "42501"}
+# and row-level security; 40001 from the statement a write runs when its snapshot cannot see the
+# row it meets (src/postgres/write.rs, Insert::ToStatement).
+RAISED_BY_POSTGRES = {"2D000", "42501", "40001"}
 
 # errcodes.txt: "42P01    E    ERRCODE_UNDEFINED_TABLE    undefined_table".
 by_macro, by_condition = {}, {}

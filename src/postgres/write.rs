@@ -245,6 +245,10 @@ pub enum Insert {
     Inserted,
     /// A committed row, or one of this transaction's, already holds the key.
     Conflict,
+    /// The key is held by a row this transaction's snapshot cannot see (REPEATABLE READ,
+    /// SERIALIZABLE): the statement's serialization failure. Nothing was written; the caller
+    /// runs the statement, which raises it with every field PostgreSQL gives it.
+    ToStatement,
 }
 
 /// The outcome of updating one row.
@@ -255,6 +259,9 @@ pub enum Update {
     /// A concurrent transaction changed the row; its newest version is now in the old slot,
     /// locked, and the caller judges it again.
     Recheck,
+    /// A concurrent transaction changed or deleted the row after this transaction's snapshot
+    /// (REPEATABLE READ, SERIALIZABLE): as for [`Insert::ToStatement`].
+    ToStatement,
 }
 
 fn bitmap(attnums: &[i16]) -> *mut pg_sys::Bitmapset {
@@ -267,14 +274,6 @@ fn bitmap(attnums: &[i16]) -> *mut pg_sys::Bitmapset {
 fn uses_transaction_snapshot() -> bool {
     // SAFETY: reads a backend-local setting.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
-}
-
-fn serialization_failure(what: &str) -> ! {
-    ereport!(
-        ERROR,
-        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-        format!("could not serialize access due to concurrent {what}")
-    );
 }
 
 /// A new statement snapshot with the command counter advanced, as SPI takes one for every
@@ -430,7 +429,7 @@ pub unsafe fn update_where(
     permissions: &Permissions,
     changes: &[(i16, pg_sys::Datum, bool)],
     newer: impl Fn(&FoundRow) -> Result<bool>,
-) -> Result<bool> {
+) -> Result<Option<bool>> {
     // One guarded step for the checks and the snapshot: a write's fixed cost is mostly such
     // steps, and each catch is a sigsetjmp.
     let snapshot = catch(|| {
@@ -451,16 +450,17 @@ pub unsafe fn update_where(
             let target = Target::begin(rel, permissions)?;
             let changed = loop {
                 match target.update(&row, changes)? {
-                    Update::Updated => break true,
-                    Update::Skipped => break false,
-                    Update::Recheck if !(row.still_matches(given())? && newer(&row)?) => break false,
+                    Update::Updated => break Some(true),
+                    Update::Skipped => break Some(false),
+                    Update::ToStatement => break None,
+                    Update::Recheck if !(row.still_matches(given())? && newer(&row)?) => break Some(false),
                     Update::Recheck => {}
                 }
             };
             target.finish()?;
             changed
         }
-        _ => false,
+        _ => Some(false),
     };
     snapshot.release();
     Ok(changed)
@@ -667,8 +667,11 @@ impl Target {
             })?;
             match attempt {
                 Err(mut conflict) => {
-                    self.check_conflict_visible(&mut conflict, scratch)?;
-                    break Insert::Conflict;
+                    break if self.conflict_visible(&mut conflict, scratch)? {
+                        Insert::Conflict
+                    } else {
+                        Insert::ToStatement
+                    }
                 }
                 Ok(true) => break Insert::Inserted,
                 Ok(false) => {}
@@ -679,14 +682,15 @@ impl Target {
     }
 
     /// ExecCheckTIDVisible: under REPEATABLE READ and SERIALIZABLE a conflict with a row the
-    /// transaction's snapshot cannot see is a serialization failure, not a duplicate.
-    unsafe fn check_conflict_visible(
+    /// transaction's snapshot cannot see is a serialization failure, not a duplicate; false
+    /// for those, and for a conflicting row that cannot be fetched (the executor's XX000).
+    unsafe fn conflict_visible(
         &self,
         tid: &mut pg_sys::ItemPointerData,
         scratch: *mut pg_sys::TupleTableSlot,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         if !uses_transaction_snapshot() {
-            return Ok(());
+            return Ok(true);
         }
         let visible = catch(|| {
             if !ffi::table_tuple_fetch_row_version(self.rel, tid, &raw mut pg_sys::SnapshotAnyData, scratch) {
@@ -701,11 +705,7 @@ impl Target {
             ffi::ExecClearTuple(scratch);
             Some(visible)
         })?;
-        match visible {
-            None => error!("failed to fetch conflicting tuple for ON CONFLICT"),
-            Some(false) => serialization_failure("update"),
-            Some(true) => Ok(()),
-        }
+        Ok(visible == Some(true))
     }
 
     /// ExecUpdate for `row` with `changes` (attnum, value, is NULL) over its other values:
@@ -768,10 +768,10 @@ impl Target {
         match result {
             pg_sys::TM_Result::TM_Ok => Ok(Update::Updated),
             pg_sys::TM_Result::TM_SelfModified => self.modified_by_self(&failure),
+            pg_sys::TM_Result::TM_Updated | pg_sys::TM_Result::TM_Deleted if uses_transaction_snapshot() => {
+                Ok(Update::ToStatement)
+            }
             pg_sys::TM_Result::TM_Updated => {
-                if uses_transaction_snapshot() {
-                    serialization_failure("update");
-                }
                 let locked = catch(|| {
                     ffi::table_tuple_lock(
                         self.rel,
@@ -792,12 +792,7 @@ impl Target {
                     other => error!("unexpected table_tuple_lock status: {other}"),
                 }
             }
-            pg_sys::TM_Result::TM_Deleted => {
-                if uses_transaction_snapshot() {
-                    serialization_failure("delete");
-                }
-                Ok(Update::Skipped)
-            }
+            pg_sys::TM_Result::TM_Deleted => Ok(Update::Skipped),
             other => error!("unrecognized table_tuple_update status: {other}"),
         }
     }

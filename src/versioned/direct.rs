@@ -204,8 +204,9 @@ impl DirectUpdate {
         })
     }
 
-    /// Runs the write; true when a row changed. A stale or missing row is found to be so
-    /// before any executor state exists: most deliveries of a busy read model are stale.
+    /// Runs the write; true when a row changed, None where the statement must decide (a
+    /// serialization failure, see [`update_where`]). A stale or missing row is found to be
+    /// so before any executor state exists: most deliveries of a busy read model are stale.
     ///
     /// # Safety
     /// `rel` must be the plan's table, open with RowExclusiveLock; the members must be those
@@ -215,7 +216,7 @@ impl DirectUpdate {
         rel: pg_sys::Relation,
         key: &[Member<'_>],
         changes: &[Member<'_>],
-    ) -> Result<bool, PgError> {
+    ) -> Result<Option<bool>, PgError> {
         // Values first, as a client's literals or parameters become values before the
         // statement is planned or its privileges checked.
         let mut keys: Vec<(&KeyLookup, pg_sys::Datum)> =

@@ -419,73 +419,95 @@ fn versioned_update(
     let table_oid = required(target, "target")?;
     let rel = open_target(table_oid)?;
     // A plan made while direct writes were not allowed is a statement: that is in its name.
-    let operation = if crate::postgres::write::direct_allowed() { "update" } else { "update by statement" };
-    let plan = cached_plan(table_oid, signature(operation, version, &[&key_members, &change_members]), || {
-        let table = Table::load(target)?;
-        let newer = table.version_order(version)?;
-        for member in &change_members {
-            table.column(member.name)?;
-        }
-        for member in &key_members {
-            table.column(member.name)?;
-        }
-        let mut wanted: Vec<&str> = key_members.iter().map(|m| m.name).collect();
-        wanted.sort_unstable();
-        let unique = table.unique_keys()?.into_iter().any(|(_, mut cols)| {
-            cols.sort();
-            cols.iter().map(String::as_str).eq(wanted.iter().copied())
-        });
-        if !unique {
-            return Err(IdemError::new(
-                SqlState::InvalidColumnReference,
-                format!("no unique index of {} has exactly the key columns ({})", table.name, wanted.join(", ")),
-            )
-            .hint("Pass the columns of the primary key or of a unique index, all of them and nothing else."));
-        }
-        // Keys by attnum, the version, then the other changes by attnum, as parse analysis
-        // takes a WHERE before its SET.
-        let keys = key_members.iter().enumerate().map(|(i, m)| (0, i, m.name));
-        let (versions, others): (Vec<_>, Vec<_>) =
-            change_members.iter().enumerate().map(|(i, m)| (1, i, m.name)).partition(|(_, _, name)| *name == version);
-        let mut order = table.by_attnum(keys, Literal::Key)?;
-        order.extend(table.by_attnum(versions.into_iter(), Literal::Change)?);
-        order.extend(table.by_attnum(others.into_iter(), Literal::Change)?);
-        // SAFETY: rel is the target, open; the order names the call's own members.
-        if let Some(direct) = unsafe { DirectUpdate::plan(rel, &key_members, &change_members, version, &order) } {
-            return Ok(Plan::Direct(direct));
-        }
-        let mut set = Vec::new();
-        for member in &change_members {
-            set.push(format!("{} = {}", quote_ident(member.name), table.value_of("$2", member.name, Use::Assigned)?));
-        }
-        let mut matches = Vec::new();
-        for member in &key_members {
-            matches.push(format!(
-                "t.{} {} {}",
-                quote_ident(member.name),
-                table.equality(member.name)?,
-                table.value_of("$1", member.name, Use::Compared)?
-            ));
-        }
-        let v = quote_ident(version);
-        let sql = format!(
-            "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version})",
-            table = table.name,
-            set = set.join(", "),
-            matches = matches.join(" AND "),
-            new_version = table.value_of("$2", version, Use::Compared)?,
-        );
-        statement_plan(rel, &order, &sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])
-    })?;
+    let plan_of = |direct: bool| {
+        let operation = if direct { "update" } else { "update by statement" };
+        cached_plan(table_oid, signature(operation, version, &[&key_members, &change_members]), || {
+            update_plan(rel, target, &key_members, &change_members, version, direct)
+        })
+    };
+    let plan = plan_of(crate::postgres::write::direct_allowed())?;
+    let run = |plan: &Plan| run_statement(plan, &[&key_members, &change_members], &[key, changes]);
     let changed = match &*plan {
         // SAFETY: rel is the plan's table, open with RowExclusiveLock, and the members are
         // the ones the plan's signature names, in the same order.
-        Plan::Direct(direct) => unsafe { direct.run(rel, &key_members, &change_members)? },
-        statement => run_statement(statement, &[&key_members, &change_members], &[key, changes])?,
+        Plan::Direct(direct) => match unsafe { direct.run(rel, &key_members, &change_members)? } {
+            Some(changed) => changed,
+            None => run(&*plan_of(false)?)?,
+        },
+        statement => run(statement)?,
     };
     // SAFETY: rel was opened above and is closed once; the lock is kept to the transaction's end.
     unsafe { pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE) };
     Ok(changed)
+}
+
+/// The plan of an update of `rel` by these members: direct where `direct` and the table
+/// allow it, else the generated statement.
+fn update_plan(
+    rel: pg_sys::Relation,
+    target: Option<pg_sys::Oid>,
+    key_members: &[Member<'_>],
+    change_members: &[Member<'_>],
+    version: &str,
+    direct: bool,
+) -> Result<Plan> {
+    let table = Table::load(target)?;
+    let newer = table.version_order(version)?;
+    for member in change_members {
+        table.column(member.name)?;
+    }
+    for member in key_members {
+        table.column(member.name)?;
+    }
+    let mut wanted: Vec<&str> = key_members.iter().map(|m| m.name).collect();
+    wanted.sort_unstable();
+    let unique = table.unique_keys()?.into_iter().any(|(_, mut cols)| {
+        cols.sort();
+        cols.iter().map(String::as_str).eq(wanted.iter().copied())
+    });
+    if !unique {
+        return Err(IdemError::new(
+            SqlState::InvalidColumnReference,
+            format!("no unique index of {} has exactly the key columns ({})", table.name, wanted.join(", ")),
+        )
+        .hint("Pass the columns of the primary key or of a unique index, all of them and nothing else."));
+    }
+    // Keys by attnum, the version, then the other changes by attnum, as parse analysis
+    // takes a WHERE before its SET.
+    let keys = key_members.iter().enumerate().map(|(i, m)| (0, i, m.name));
+    let (versions, others): (Vec<_>, Vec<_>) =
+        change_members.iter().enumerate().map(|(i, m)| (1, i, m.name)).partition(|(_, _, name)| *name == version);
+    let mut order = table.by_attnum(keys, Literal::Key)?;
+    order.extend(table.by_attnum(versions.into_iter(), Literal::Change)?);
+    order.extend(table.by_attnum(others.into_iter(), Literal::Change)?);
+    if direct {
+        // SAFETY: rel is the target, open; the order names the call's own members.
+        if let Some(direct) = unsafe { DirectUpdate::plan(rel, key_members, change_members, version, &order) } {
+            return Ok(Plan::Direct(direct));
+        }
+    }
+    let mut set = Vec::new();
+    for member in change_members {
+        set.push(format!("{} = {}", quote_ident(member.name), table.value_of("$2", member.name, Use::Assigned)?));
+    }
+    let mut matches = Vec::new();
+    for member in key_members {
+        matches.push(format!(
+            "t.{} {} {}",
+            quote_ident(member.name),
+            table.equality(member.name)?,
+            table.value_of("$1", member.name, Use::Compared)?
+        ));
+    }
+    let v = quote_ident(version);
+    let sql = format!(
+        "UPDATE {table} AS t SET {set} WHERE {matches} AND (t.{v} IS NULL OR t.{v} {newer} {new_version})",
+        table = table.name,
+        set = set.join(", "),
+        matches = matches.join(" AND "),
+        new_version = table.value_of("$2", version, Use::Compared)?,
+    );
+    statement_plan(rel, &order, &sql, &[pg_sys::JSONBOID, pg_sys::JSONBOID])
 }
 
 /// Opens a write's target with RowExclusiveLock, before its plan is looked up, so that a

@@ -186,3 +186,133 @@ fn a_cancelled_wait_for_a_claim_is_the_statements() {
     assert_eq!((&direct, &statement), (&hand, &hand));
     assert_eq!(hand.code, "57014");
 }
+
+/// Where the server raised an error: source file, line and routine. Drivers pass them on
+/// (psycopg's `diag.source_function`, JDBC's `ServerErrorMessage.getRoutine`), and error
+/// trackers group by them.
+type Source = (Option<String>, Option<u32>, Option<String>);
+
+/// The error `sql` raises in a REPEATABLE READ transaction whose snapshot predates the
+/// commit of `change`, with direct writes `direct`.
+fn after_snapshot(direct: &str, change: &str, sql: &str) -> (Fields, Source) {
+    let mut t1 = db().connect("serialization-t1");
+    let mut t2 = db().connect("serialization-t2");
+    ok(
+        t2.batch_execute(&format!(
+            "SET idempotency.direct_writes = {direct}; BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1"
+        )),
+        "T2 takes its snapshot",
+    );
+    ok(t1.batch_execute(change), change);
+    let error = t2.batch_execute(sql).expect_err("a serialization failure");
+    let error = error.as_db_error().expect("a server error");
+    let source = (error.file().map(str::to_string), error.line(), error.routine().map(str::to_string));
+    ok(t2.batch_execute("ROLLBACK"), "T2 ROLLBACK");
+    (Fields::of(error), source)
+}
+
+/// The hand-written statement and the extension's call, direct writes on and off, each in a
+/// transaction whose snapshot predates a concurrent change: the same 40001, raised at the
+/// same place in PostgreSQL's source. `case(i)` gives the i-th run its own (change, ours,
+/// theirs), as each run's change commits.
+fn same_serialization_failure(case: impl Fn(usize) -> (String, String, String)) {
+    let (change, _, theirs) = case(0);
+    let expected = after_snapshot("on", &change, &theirs);
+    assert_eq!(expected.0.code, "40001", "{theirs}");
+    for (i, direct) in [(1, "on"), (2, "off")] {
+        let (change, ours, _) = case(i);
+        assert_eq!(after_snapshot(direct, &change, &ours), expected, "{ours} with direct writes {direct}");
+    }
+}
+
+/// A claim of `key` committed after the snapshot, then `ours` (with `{key}` for the key).
+fn claim_after(key: &str, ours: &str) {
+    same_serialization_failure(|i| {
+        let key = format!("{key}-{i}");
+        (
+            format!("SELECT idem_claim('{key}')"),
+            ours.replace("{key}", &key),
+            format!(
+                "INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('{key}'), idem_scope_id('default'))
+                 ON CONFLICT (key_digest) DO NOTHING"
+            ),
+        )
+    });
+}
+
+#[test]
+fn a_claim_committed_after_the_snapshot_fails_where_the_insert_fails() {
+    claim_after("serialization-claim", "SELECT idem_claim('{key}')");
+}
+
+/// The batch's keys whose digests sort before the conflicting one's are claimed directly; the
+/// statement takes the rest, and raises.
+#[test]
+fn a_batch_claim_committed_after_the_snapshot_fails_where_the_insert_fails() {
+    claim_after("serialization-batch", "SELECT idem_claim_many(ARRAY['{key}-a', '{key}', '{key}-z'])");
+}
+
+#[test]
+fn a_send_committed_after_the_snapshot_fails_where_the_insert_fails() {
+    same_serialization_failure(|i| {
+        let key = format!("serialization-send-{i}");
+        let send = format!("SELECT idem_send('orders', '{{}}', key => '{key}')");
+        (
+            send.clone(),
+            send,
+            format!(
+                "INSERT INTO idempotency.outbox (seq, id, topic, ordering_key, payload, headers)
+                 VALUES (nextval('idempotency.outbox_seq'), idem_message_id('{key}', n => 0), 'orders', NULL, '{{}}', NULL)
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+        )
+    });
+}
+
+/// A row of `members` of its own for run `i` of `test`, committed before T2's snapshot.
+fn member(test: usize, i: usize) -> i32 {
+    let id = 1000 + 10 * test as i32 + i as i32;
+    let mut client = db().connect("serialization-setup");
+    ok(client.execute("INSERT INTO members (id, version) VALUES ($1, 1)", &[&id]), "a member");
+    id
+}
+
+/// A versioned update of its own row of `members`, which `change` (with `{id}` for the row)
+/// changed after the snapshot.
+fn versioned_update_after(test: usize, change: &str) {
+    same_serialization_failure(|i| {
+        let id = member(test, i);
+        (
+            change.replace("{id}", &id.to_string()),
+            format!(r#"SELECT idem_versioned_update('members', '{{"id": {id}}}', '{{"version": 50}}')"#),
+            format!("UPDATE members SET version = 50 WHERE id = {id} AND (version IS NULL OR version < 50)"),
+        )
+    });
+}
+
+#[test]
+fn a_versioned_update_of_a_row_updated_after_the_snapshot_fails_where_the_update_fails() {
+    versioned_update_after(0, "UPDATE members SET version = 2 WHERE id = {id}");
+}
+
+#[test]
+fn a_versioned_update_of_a_row_deleted_after_the_snapshot_fails_where_the_update_fails() {
+    versioned_update_after(1, "DELETE FROM members WHERE id = {id}");
+}
+
+#[test]
+fn a_watermark_advanced_after_the_snapshot_fails_where_the_update_fails() {
+    same_serialization_failure(|i| {
+        let stream = format!("serialization-{i}");
+        let mut client = db().connect("serialization-setup");
+        ok(client.execute("SELECT idem_watermark_advance($1, 'p', 1)", &[&stream]), "the first position");
+        (
+            format!("SELECT idem_watermark_advance('{stream}', 'p', 2)"),
+            format!("SELECT idem_watermark_advance('{stream}', 'p', 3)"),
+            format!(
+                "UPDATE idempotency.watermarks SET position = 3, advanced_at = now()
+                 WHERE stream = '{stream}' AND partition = 'p' AND position < 3"
+            ),
+        )
+    });
+}
