@@ -36,9 +36,12 @@ suite() {
   fi
   echo "== $title"
   failing="$name ($title)"
+  local started=$SECONDS
   "$@"
   failing=""
   passed=$((passed + 1))
+  # Each suite's time, so that a CI log shows where its budget goes.
+  echo "-- $name: $((SECONDS - started)) s"
 }
 
 # Each suite runs twice against the same expected output: as is, and with every write
