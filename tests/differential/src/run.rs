@@ -506,34 +506,37 @@ impl Db {
 
     /// Each member of `json` as a typed literal of its column: `'text'::type` with the
     /// column's type without its typmod (assignment applies the typmod, as it does to the
-    /// extension's values), but an interval's with its fields, which its input reads by (as
-    /// an untyped literal assigned to the column is read: '1' is a year in `interval year`),
-    /// JSON null as NULL::type, json and jsonb columns the JSON itself. A domain's literal is
-    /// left untyped, as a client writes it: a cast to the domain would fit it to the domain's
-    /// typmod as a cast does (cutting a too long string), where an assignment refuses it.
-    fn literals(&mut self, json: &str) -> Result<Vec<(String, String)>, String> {
+    /// extension's values), JSON null as NULL::type, json and jsonb columns the JSON itself.
+    /// An interval's literal to be `assigned` keeps its fields, which its input reads by (as
+    /// an untyped literal assigned to the column is read: '1' is a year in `interval year`);
+    /// one to be compared in a WHERE is a plain interval, as an untyped literal there is read
+    /// ('1' is a second). A domain's literal is left untyped, as a client writes it: a cast to
+    /// the domain would fit it to the domain's typmod as a cast does (cutting a too long
+    /// string), where an assignment refuses it.
+    fn literals(&mut self, json: &str, assigned: bool) -> Result<Vec<(String, String)>, String> {
         let sql = format!(
             "SELECT quote_ident(m.k), \
                     CASE WHEN jsonb_typeof(j -> m.k) = 'null' THEN 'NULL' \
                          WHEN t.typname IN ('json', 'jsonb') THEN quote_literal((j -> m.k)::text) \
                          ELSE quote_literal(j ->> m.k) END \
                     || CASE WHEN t.typtype = 'd' THEN '' \
-                            WHEN a.atttypid = 'interval'::regtype AND a.atttypmod >= 0 \
+                            WHEN a.atttypid = 'interval'::regtype AND a.atttypmod >= 0 AND {assigned} \
                             THEN '::' || format_type(a.atttypid, a.atttypmod) \
                             ELSE '::' || quote_ident(tn.nspname) || '.' || quote_ident(t.typname) END \
              FROM (SELECT {}::jsonb AS j) v, jsonb_object_keys(j) WITH ORDINALITY m(k, n) \
              JOIN pg_attribute a ON a.attrelid = 't.tab'::regclass AND a.attname = m.k AND NOT a.attisdropped \
              JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace tn ON tn.oid = t.typnamespace ORDER BY m.n",
-            quote_literal(json)
+            quote_literal(json),
         );
         let found = rows(&mut self.aux, &sql).map_err(|e| describe(&e))?;
         Ok(found.into_iter().filter_map(|r| Some((r.first()?.clone()?, r.get(1)?.clone()?))).collect())
     }
 
     fn hand_update(&mut self, key: &str, changes: &str) -> Result<String, String> {
-        let key = self.literals(key)?;
-        let changes = self.literals(changes)?;
-        let version = changes.iter().find(|(c, _)| c == "version").ok_or("no version")?.1.clone();
+        let key = self.literals(key, false)?;
+        let compared = self.literals(changes, false)?;
+        let version = compared.iter().find(|(c, _)| c == "version").ok_or("no version")?.1.clone();
+        let changes = self.literals(changes, true)?;
         let set: Vec<String> = changes.iter().map(|(c, l)| format!("{c} = {l}")).collect();
         let matches: Vec<String> = key.iter().map(|(c, l)| format!("{c} = {l}")).collect();
         Ok(format!(
@@ -544,7 +547,7 @@ impl Db {
     }
 
     fn hand_upsert(&mut self, row: &str) -> Result<String, String> {
-        let row = self.literals(row)?;
+        let row = self.literals(row, true)?;
         let primary = value(
             &mut self.aux,
             "SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY array_position(i.indkey::int2[], a.attnum)) \
