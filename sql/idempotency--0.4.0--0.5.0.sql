@@ -108,8 +108,10 @@ BEGIN
   IF target IS NULL THEN
     RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'target must not be NULL';
   END IF;
+  -- Only the guard: a trigger of the user's own under that name is not ours to drop.
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
-                 WHERE tgrelid = target AND tgname = 'idem_version_guard') THEN
+                 WHERE tgrelid = target AND tgname = 'idem_version_guard'
+                   AND tgfoid = 'idempotency.version_guard()'::pg_catalog.regprocedure) THEN
     RETURN false;
   END IF;
   EXECUTE pg_catalog.format('DROP TRIGGER idem_version_guard ON %s', target);
@@ -118,6 +120,19 @@ END
 $$;
 COMMENT ON FUNCTION idem_version_unguard(regclass) IS
   'Removes the version guard of target; false when it had none.';
+
+-- The guard attached by hand without its argument (which it refuses when it fires) made the
+-- view fail for every reader with 22011; such a guard is listed with no version column.
+CREATE OR REPLACE VIEW idempotency.version_guards AS
+SELECT t.tgrelid::pg_catalog.regclass AS target,
+       CASE WHEN t.tgnargs OPERATOR(pg_catalog.>) 0
+            THEN pg_catalog.convert_from(pg_catalog.substring(t.tgargs, 1,
+                     pg_catalog.position(t.tgargs, '\x00'::pg_catalog.bytea) OPERATOR(pg_catalog.-) 1),
+                     'UTF8')::pg_catalog.name END AS version_column,
+       t.tgenabled OPERATOR(pg_catalog.<>) 'D' AS enabled
+FROM pg_catalog.pg_trigger AS t
+WHERE t.tgname OPERATOR(pg_catalog.=) 'idem_version_guard'
+  AND t.tgfoid OPERATOR(pg_catalog.=) 'idempotency.version_guard()'::pg_catalog.regprocedure;
 
 -- The message names at most 64 characters of the scope: a name that long was never declared.
 CREATE OR REPLACE FUNCTION idem_scope_budget(scope text, row_budget bigint)

@@ -66,7 +66,13 @@ const FINGERPRINT: usize = 3;
 
 /// The ledger's columns, in table order, and claimed_at's default, as sql/schema.sql creates them.
 static LEDGER_SHAPE: Shape = Shape {
-    types: &[pg_sys::UUIDOID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::UUIDOID, pg_sys::JSONBOID],
+    columns: &[
+        (c"key_digest", pg_sys::UUIDOID),
+        (c"scope_id", pg_sys::INT8OID),
+        (c"claimed_at", pg_sys::TIMESTAMPTZOID),
+        (c"fingerprint", pg_sys::UUIDOID),
+        (c"result", pg_sys::JSONBOID),
+    ],
     defaults: &[(attnum(CLAIMED_AT), ColumnDefault::Now)],
 };
 

@@ -40,6 +40,10 @@ pub enum SqlState {
     ActiveTransaction,
     /// 55000: resolving an external call that is already confirmed.
     ObjectNotInPrerequisiteState,
+    /// 428C9: a version guard on a generated column, which BEFORE triggers cannot see.
+    GeneratedAlways,
+    /// 42710: a table's trigger already has the guard's name but is not the guard.
+    DuplicateObject,
     /// 0A000: the database's encoding is not UTF8.
     FeatureNotSupported,
     /// 54001: a jsonb argument nests deeper than the extension reads.
@@ -70,6 +74,8 @@ impl SqlState {
             SqlState::NoActiveTransaction => b"25P01",
             SqlState::ActiveTransaction => b"25001",
             SqlState::ObjectNotInPrerequisiteState => b"55000",
+            SqlState::GeneratedAlways => b"428C9",
+            SqlState::DuplicateObject => b"42710",
             SqlState::UndefinedColumn => b"42703",
             SqlState::InvalidColumnReference => b"42P10",
             SqlState::UndefinedFunction => b"42883",

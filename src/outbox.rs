@@ -47,19 +47,19 @@ static INSERT_MESSAGE: Statement = Statement {
 
 /// The outbox's columns, in table order, and their defaults, as sql/ creates them.
 static OUTBOX_SHAPE: Shape = Shape {
-    types: &[
-        pg_sys::INT8OID,
-        pg_sys::UUIDOID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::INT4OID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-        pg_sys::JSONBOID,
-        pg_sys::TEXTOID,
+    columns: &[
+        (c"seq", pg_sys::INT8OID),
+        (c"id", pg_sys::UUIDOID),
+        (c"created_at", pg_sys::TIMESTAMPTZOID),
+        (c"retry_at", pg_sys::TIMESTAMPTZOID),
+        (c"set_aside_at", pg_sys::TIMESTAMPTZOID),
+        (c"sent_at", pg_sys::TIMESTAMPTZOID),
+        (c"attempts", pg_sys::INT4OID),
+        (c"topic", pg_sys::TEXTOID),
+        (c"ordering_key", pg_sys::TEXTOID),
+        (c"payload", pg_sys::JSONBOID),
+        (c"headers", pg_sys::JSONBOID),
+        (c"last_error", pg_sys::TEXTOID),
     ],
     defaults: &[(attnum(CREATED_AT), ColumnDefault::Now), (attnum(ATTEMPTS), ColumnDefault::Int4(0))],
 };

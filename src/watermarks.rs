@@ -59,7 +59,12 @@ const POSITION: usize = 2;
 const ADVANCED_AT: usize = 3;
 
 static WATERMARKS_SHAPE: Shape = Shape {
-    types: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::NUMERICOID, pg_sys::TIMESTAMPTZOID],
+    columns: &[
+        (c"stream", pg_sys::TEXTOID),
+        (c"partition", pg_sys::TEXTOID),
+        (c"position", pg_sys::NUMERICOID),
+        (c"advanced_at", pg_sys::TIMESTAMPTZOID),
+    ],
     defaults: &[(attnum(ADVANCED_AT), ColumnDefault::Now)],
 };
 
@@ -108,9 +113,12 @@ unsafe fn direct_move(rel: pg_sys::Relation) -> Option<Rc<DirectMove>> {
     }) {
         return plan;
     }
+    let before = crate::postgres::relcache::generation();
     let plan = DirectMove::plan(rel).map(Rc::new);
-    let replaced = DIRECT_MOVE.with(|m| m.borrow_mut().replace((relid, plan.clone())));
-    drop(replaced);
+    if crate::postgres::relcache::generation() == before {
+        let replaced = DIRECT_MOVE.with(|m| m.borrow_mut().replace((relid, plan.clone())));
+        drop(replaced);
+    }
     plan
 }
 

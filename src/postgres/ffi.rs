@@ -103,6 +103,9 @@ unguarded! {
     fn IsCatalogRelation(relation: Relation) -> bool;
     fn get_namespace_oid(nspname: *const ::core::ffi::c_char, missing_ok: bool) -> Oid;
     fn get_relname_relid(relname: *const ::core::ffi::c_char, relnamespace: Oid) -> Oid;
+    fn get_rel_namespace(relid: Oid) -> Oid;
+    fn IsInParallelMode() -> bool;
+    fn get_namespace_name(nspid: Oid) -> *mut ::core::ffi::c_char;
     fn DirectFunctionCall1Coll(func: PGFunction, collation: Oid, arg1: Datum) -> Datum;
     fn nextval_oid(fcinfo: FunctionCallInfo) -> Datum;
     fn LockDatabaseObject(classid: Oid, objid: Oid, objsubid: uint16, lockmode: LOCKMODE);

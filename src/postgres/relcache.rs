@@ -2,6 +2,13 @@
 //! direct writes' plans and shapes). A backend has room for ten relcache callbacks
 //! (MAX_RELCACHE_CALLBACKS), shared by every library it loads, and running out is FATAL: so
 //! the extension registers one, when it is loaded, and that one tells each cache.
+//!
+//! What a cached entry was made from goes beyond the table's own relcache entry, and changes
+//! without invalidating it: a schema's name and privileges (a generated statement names its
+//! table by schema, and PostgreSQL re-reads a kept plan from that text), a function's
+//! volatility (a CHECK calling it decides the direct path), a cast from text (which decides
+//! how a value is made). A change to any schema, function or cast forgets every entry: such
+//! changes are DDL, rare beside the writes the caches serve.
 
 use std::cell::Cell;
 
@@ -12,16 +19,38 @@ pub type Forget = fn(pg_sys::Oid);
 
 thread_local! {
     static LISTENERS: Cell<&'static [Forget]> = const { Cell::new(&[]) };
+    static GENERATION: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts invalidations. Building an entry reads the catalog, which can take in an
+/// invalidation of the very table it is for: a cache keeps what it built only if the count
+/// did not move meanwhile, and otherwise uses it once.
+pub fn generation() -> u64 {
+    GENERATION.with(Cell::get)
 }
 
 /// Registers the one callback, which calls each of `listeners` on every invalidation.
 pub fn listen(listeners: &'static [Forget]) {
     LISTENERS.with(|l| l.set(listeners));
-    // SAFETY: called once, from _PG_init; the callback only clears thread-local caches.
-    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
+    // SAFETY: called once, from _PG_init; the callbacks only clear thread-local caches.
+    unsafe {
+        pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0));
+        for cache in [
+            pg_sys::SysCacheIdentifier::NAMESPACEOID,
+            pg_sys::SysCacheIdentifier::PROCOID,
+            pg_sys::SysCacheIdentifier::CASTSOURCETARGET,
+        ] {
+            pg_sys::CacheRegisterSyscacheCallback(cache as i32, Some(catalog_changed), pg_sys::Datum::from(0));
+        }
+    }
+}
+
+unsafe extern "C-unwind" fn catalog_changed(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+    invalidated(pg_sys::Datum::from(0), pg_sys::InvalidOid);
 }
 
 unsafe extern "C-unwind" fn invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    GENERATION.with(|g| g.set(g.get() + 1));
     for forget in LISTENERS.with(Cell::get) {
         forget(relid);
     }

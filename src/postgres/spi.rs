@@ -49,6 +49,20 @@ thread_local! {
 impl Statement {
     /// Runs the statement and hands its result to `read`.
     pub fn run<R>(&'static self, args: &[DatumWithOid<'_>], read: impl FnOnce(&Rows) -> R) -> Result<R, PgError> {
+        // Parsing a name in the extension's schema checks USAGE on it, once, when the plan is
+        // kept; a kept plan is not parsed again when the role changes (SET ROLE, a SECURITY
+        // DEFINER caller), so the statement typed by hand would check what the plan does not.
+        if self.sql.contains("idempotency.") {
+            // SAFETY: a syscache lookup, then an ACL check that raises 42501 inside catch.
+            unsafe {
+                catch(|| {
+                    let schema = ffi::get_namespace_oid(c"idempotency".as_ptr(), true);
+                    if schema != pg_sys::InvalidOid {
+                        super::write::check_schema_usage(schema);
+                    }
+                })?
+            };
+        }
         execute(&*self.kept()?, args, read)
     }
 

@@ -63,6 +63,10 @@ pub fn direct_allowed() -> bool {
         static AUDIT: Setting = const { Setting::new(c"pgaudit.log") };
     }
     DIRECT_WRITES.get()
+        // In a parallel worker, or a leader running one, the statement refuses to write
+        // (25000), where a direct write would get as far as PostgreSQL's XX000.
+        // SAFETY: reads a backend-local counter.
+        && !unsafe { ffi::IsInParallelMode() }
         && TRACK.with(|s| s.label() != Some(c"all"))
         // auto_explain logs a nested statement when it logs nested ones at all and its
         // minimum duration (in ms; -1 switches it off) is not negative.
@@ -145,10 +149,7 @@ pub unsafe fn open_owned(
                 (schema, oid) = find_owned(schema_name, name);
                 cached.set((schema, oid));
             }
-            let usage = version::namespace_aclcheck(schema, ffi::GetUserId(), pg_sys::ACL_USAGE as pg_sys::AclMode);
-            if usage != pg_sys::AclResult::ACLCHECK_OK {
-                ffi::aclcheck_error(usage, pg_sys::ObjectType::OBJECT_SCHEMA, schema_name.as_ptr());
-            }
+            check_schema_usage(schema);
             let rel = ffi::try_relation_open(oid, lock);
             if !rel.is_null()
                 && (*(*rel).rd_rel).relnamespace == schema
@@ -163,6 +164,16 @@ pub unsafe fn open_owned(
             cached.set((schema, oid));
         }
     })
+}
+
+/// USAGE on the schema `namespace`, which resolving a qualified name needs: else 42501 as
+/// the name's lookup raises it. A call given a table's OID reaches the table without the
+/// name, so it checks what the statement's name would have. Unguarded.
+pub unsafe fn check_schema_usage(namespace: pg_sys::Oid) {
+    let usage = version::namespace_aclcheck(namespace, ffi::GetUserId(), pg_sys::ACL_USAGE as pg_sys::AclMode);
+    if usage != pg_sys::AclResult::ACLCHECK_OK {
+        ffi::aclcheck_error(usage, pg_sys::ObjectType::OBJECT_SCHEMA, ffi::get_namespace_name(namespace));
+    }
 }
 
 /// Unguarded: raises 3F000 or 42P01 as resolving the name in SQL would.
@@ -899,12 +910,13 @@ impl ColumnDefault {
 }
 
 /// The columns an extension-owned table is created with (sql/), in table order, and their
-/// defaults. A table that no longer has exactly this shape (a column a DBA added, a default
-/// changed or added, a typmod, an identity or generated column) needs the INSERT statement to fill its
-/// rows in; so does one with a CHECK or an index that calls a function that is not immutable
-/// ([`runs_mutable_functions`]).
+/// defaults. A table that no longer has exactly this shape (a column a DBA added or renamed,
+/// a default changed or added, a typmod, an identity or generated column) needs the INSERT
+/// statement to fill its rows in, or to fail as it does; so does one with a CHECK or an index
+/// that calls a function that is not immutable ([`runs_mutable_functions`]).
 pub struct Shape {
-    pub types: &'static [pg_sys::Oid],
+    /// (name, type) of each column.
+    pub columns: &'static [(&'static CStr, pg_sys::Oid)],
     /// (attnum, default) of each column that has one.
     pub defaults: &'static [(i16, ColumnDefault)],
 }
@@ -931,20 +943,26 @@ impl Shape {
         if let Some(fits) = SHAPED.with(|s| s.borrow().iter().find(|(oid, _)| *oid == relid).map(|(_, fits)| *fits)) {
             return fits;
         }
+        let before = super::relcache::generation();
         let attrs = attributes(rel);
-        let n = self.types.len();
+        let n = self.columns.len();
         let has_default = |attnum: i16| self.defaults.iter().any(|(a, _)| *a == attnum);
         let fits = attrs.len() >= n
             // A typmod (numeric(30,2), timestamptz(0)) is applied by the statement's assignment.
-            && self.types.iter().zip(attrs).all(|(&type_oid, attr)| {
-                !attr.attisdropped && attr.atttypid == type_oid && attr.atttypmod < 0
+            && self.columns.iter().zip(attrs).all(|(&(name, type_oid), attr)| {
+                !attr.attisdropped
+                    && attr.atttypid == type_oid
+                    && attr.atttypmod < 0
+                    && CStr::from_ptr(attr.attname.data.as_ptr()) == name
             })
             && attrs[n..].iter().all(|attr| attr.attisdropped)
             && attrs.iter().all(|attr| attr.attidentity == 0 && attr.attgenerated == 0)
             && attrs.iter().all(|attr| attr.atthasdef == has_default(attr.attnum))
             && self.defaults.iter().all(|(attnum, default)| default_is(rel, *attnum, default))
             && !runs_mutable_functions(rel);
-        SHAPED.with(|s| s.borrow_mut().push((relid, fits)));
+        if super::relcache::generation() == before {
+            SHAPED.with(|s| s.borrow_mut().push((relid, fits)));
+        }
         fits
     }
 }

@@ -296,6 +296,10 @@ thread_local! {
     static PLANS: RefCell<HashMap<(pg_sys::Oid, String), Rc<Plan>>> = RefCell::new(HashMap::new());
 }
 
+/// How many write shapes a backend keeps plans for; past it they are all dropped and made
+/// again as they come.
+const MAX_PLANS: usize = 256;
+
 /// Relcache invalidation: forget the plans of the table (of every table when relid is 0).
 pub fn forget_plans(relid: pg_sys::Oid) {
     // Plans are dropped after the borrow ends: freeing one must not find the map borrowed.
@@ -315,8 +319,20 @@ fn cached_plan(table: pg_sys::Oid, signature: String, build: impl FnOnce() -> Re
     if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).cloned()) {
         return Ok(plan);
     }
+    let before = crate::postgres::relcache::generation();
     let plan = Rc::new(build()?);
-    PLANS.with(|p| p.borrow_mut().insert(key, plan.clone()));
+    if crate::postgres::relcache::generation() != before {
+        return Ok(plan);
+    }
+    // A statement plan takes tens of kilobytes, and every set of member names is a plan of its
+    // own: a caller cycling through many shapes would grow the backend without bound.
+    let evicted = PLANS.with(|p| {
+        let mut plans = p.borrow_mut();
+        let evicted = if plans.len() >= MAX_PLANS { std::mem::take(&mut *plans) } else { HashMap::new() };
+        plans.insert(key, plan.clone());
+        evicted
+    });
+    drop(evicted);
     Ok(plan)
 }
 
@@ -515,7 +531,17 @@ fn update_plan(
 /// it (an error's abort does too).
 fn open_target(table_oid: pg_sys::Oid) -> Result<pg_sys::Relation> {
     // SAFETY: the step holds nothing with a destructor.
-    let rel = unsafe { catch(|| ffi::try_relation_open(table_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE))? };
+    let rel = unsafe {
+        catch(|| {
+            // The statement names the table in its schema, and resolves the name before it
+            // locks the table.
+            let namespace = ffi::get_rel_namespace(table_oid);
+            if namespace != pg_sys::InvalidOid {
+                crate::postgres::write::check_schema_usage(namespace);
+            }
+            ffi::try_relation_open(table_oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE)
+        })?
+    };
     if rel.is_null() {
         return Err(IdemError::new(
             SqlState::UndefinedTable,
@@ -584,6 +610,20 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
     let version = required(version, "version_column")?;
     let table = Table::load(target)?;
     table.version_order(version)?;
+    // SAFETY: a syscache lookup of a column the table was just read to have.
+    if unsafe { pg_sys::get_attgenerated(table.oid, table.get(version)?.attnum) } != 0 {
+        return Err(IdemError::new(SqlState::GeneratedAlways, generated_version(version)).hint(GENERATED_HINT));
+    }
+    let foreign = GUARD_TRIGGER.run(&[DatumWithOid::from(table.oid)], |rows| {
+        (!rows.is_empty()).then(|| rows.get::<bool>(0, 1)).flatten() == Some(false)
+    })?;
+    if foreign {
+        return Err(IdemError::new(
+            SqlState::DuplicateObject,
+            format!("{} has a trigger named idem_version_guard that is not the version guard", table.name),
+        )
+        .hint("Rename that trigger, then guard the table."));
+    }
     spi::run_once(&format!(
         "CREATE OR REPLACE TRIGGER idem_version_guard BEFORE UPDATE ON {} \
          FOR EACH ROW EXECUTE FUNCTION idempotency.version_guard({})",
@@ -593,8 +633,24 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
     Ok(())
 }
 
+/// Whether the table's trigger named idem_version_guard is the guard; no row without one.
+static GUARD_TRIGGER: Statement = Statement {
+    sql: "SELECT t.tgfoid OPERATOR(pg_catalog.=) 'idempotency.version_guard()'::pg_catalog.regprocedure \
+          FROM pg_catalog.pg_trigger t \
+          WHERE t.tgrelid OPERATOR(pg_catalog.=) $1 AND t.tgname OPERATOR(pg_catalog.=) 'idem_version_guard'",
+    args: &[pg_sys::OIDOID],
+};
+
 /// The function the guard's errors name.
 const GUARD: &str = "idem_version_guard_trigger";
+
+/// A generated version column is computed after BEFORE triggers run, so the guard would see
+/// NULL for the new version and skip every UPDATE.
+fn generated_version(column: &str) -> String {
+    format!("version column \"{column}\" of a guarded table is a generated column")
+}
+const GENERATED_HINT: &str =
+    "A BEFORE UPDATE trigger cannot see a generated column's new value: guard a column that the UPDATE sets.";
 
 /// The guard itself: a BEFORE UPDATE row trigger that turns an UPDATE whose version is not
 /// newer than the stored one into a no-op, for every client and every ORM.
@@ -650,6 +706,16 @@ pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::Funct
         );
     }
     let attr = &crate::postgres::descriptor_attributes(tupdesc)[attnum as usize - 1];
+    if attr.attgenerated != 0 {
+        refuse(
+            pg_sys::panic::ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_GENERATED_ALWAYS,
+                generated_version(&column.to_string_lossy()),
+                GUARD,
+            ),
+            GENERATED_HINT,
+        );
+    }
     let (mut old_null, mut new_null) = (false, false);
     let old = pg_sys::SPI_getbinval(data.tg_trigtuple, tupdesc, attnum, &mut old_null);
     let new = pg_sys::SPI_getbinval(data.tg_newtuple, tupdesc, attnum, &mut new_null);
