@@ -81,7 +81,10 @@ pub fn lookup<'v>(payload: &'v Value, path: &str) -> Option<&'v Value> {
     for segment in path.split('.') {
         at = match at {
             Value::Object(map) => map.get(segment),
-            Value::Array(items) => segment.parse::<usize>().ok().and_then(|i| items.get(i)),
+            // Digits only: usize's parser also takes "+1", which is no index.
+            Value::Array(items) if !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit()) => {
+                segment.parse::<usize>().ok().and_then(|i| items.get(i))
+            }
             _ => None,
         }?;
     }
@@ -115,6 +118,16 @@ mod tests {
         assert_ne!(key(&["a", ""]), key(&["a"]));
         assert_eq!(key(&["order", "42", "paid"]).unwrap(), "order|42|paid");
         assert_eq!(key(&[]), None);
+    }
+
+    #[test]
+    fn only_digits_index_an_array() {
+        let payload: Value = serde_json::from_str(r#"{"items": [10, 20, 30]}"#).unwrap();
+        assert_eq!(lookup(&payload, "items.1"), Some(&Value::from(20)));
+        assert_eq!(lookup(&payload, "items.01"), Some(&Value::from(20)));
+        for not_an_index in ["items.+1", "items.-1", "items. 1", "items.", "items.1e0"] {
+            assert_eq!(lookup(&payload, not_an_index), None, "{not_an_index}");
+        }
     }
 
     #[test]

@@ -18,6 +18,8 @@ SELECT idem_child_key(idem_child_key('batch-9', 3), 1) AS grandchild;
 -- event_key_jmespath: scalars give their text, objects and arrays their canonical JSON.
 SELECT idem_key_from('{"order": {"id": 42}, "type": "paid"}', 'order.id', 'type') AS from_payload;
 SELECT idem_key_from('{"items": [{"sku": "A-1"}, {"sku": "B|2"}]}', 'items.1.sku') AS array_index;
+-- Only digits: '+1' is no index (0.5.0; before, it read element 1).
+SELECT sqlstate_of($$SELECT idem_key_from('{"items": [10, 20]}', 'items.+1')$$) AS signed_index;
 SELECT idem_key_from('{"amount": 10.50, "ok": true}', 'amount', 'ok') AS number_and_bool;
 SELECT idem_key_from('{"ref": {"b": 1, "a": [1.0]}}', 'ref') AS canonical_object;
 -- The same key however the JSON was written.
