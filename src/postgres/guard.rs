@@ -27,12 +27,20 @@ impl PgError {
         unsafe { (*self.0).sqlerrcode }
     }
 
-    /// Drops the CONTEXT line that SPI adds for one of the extension's own statements: the
-    /// statement a user would have written has no such line, and the generated SQL is ours.
+    /// Drops the CONTEXT line, and the internal query, that SPI adds for one of the
+    /// extension's own statements: the statement a user would have written has neither, and
+    /// the generated SQL is ours.
     pub fn without_statement_line(self, sql: &str) -> PgError {
         // SAFETY: as above; the new context is palloc'd in the current memory context, which
         // lives as long as the copied error.
         unsafe {
+            // An error raised while the statement was parsed also names it as the internal
+            // query, which a driver shows (QUERY, LINE); the caller's own statement has none.
+            let internal = (*self.0).internalquery;
+            if !internal.is_null() && std::ffi::CStr::from_ptr(internal).to_bytes() == sql.as_bytes() {
+                (*self.0).internalquery = std::ptr::null_mut();
+                (*self.0).internalpos = 0;
+            }
             let context = (*self.0).context;
             if context.is_null() {
                 return self;

@@ -8,7 +8,7 @@ mod common;
 use std::thread;
 
 use common::{ok, test_db, wait_until_blocked, TestDb};
-use postgres::error::DbError;
+use postgres::error::{DbError, ErrorPosition};
 use postgres::Client;
 
 fn db() -> &'static TestDb {
@@ -39,6 +39,8 @@ struct Fields {
     datatype: Option<String>,
     constraint: Option<String>,
     context: Option<String>,
+    /// The statement an error names beside the caller's own (QUERY in psql), with its position.
+    internal_query: Option<String>,
 }
 
 impl Fields {
@@ -55,6 +57,10 @@ impl Fields {
             datatype: error.datatype().map(str::to_string),
             constraint: error.constraint().map(str::to_string),
             context: error.where_().map(str::to_string),
+            internal_query: match error.position() {
+                Some(ErrorPosition::Internal { query, .. }) => Some(query.clone()),
+                _ => None,
+            },
         }
     }
 }
@@ -132,6 +138,20 @@ fn a_triggers_own_sqlstate_detail_hint_and_context_pass_through() {
         r#"SELECT idem_versioned_update('members', '{"id": 1}', '{"version": 5}')"#,
         "UPDATE members SET version = 5 WHERE id = 1 AND (version IS NULL OR version < 5)",
     );
+}
+
+/// An error raised while the extension's own statement is parsed names no statement of ours:
+/// the hand-written INSERT has no internal query, and the claim's error has none either.
+#[test]
+fn a_claim_naming_a_renamed_column_fails_as_its_insert_does() {
+    let error = same_error(
+        "ALTER TABLE idempotency.ledger RENAME COLUMN fingerprint TO fp;",
+        r#"SELECT idem_claim('renamed-column', payload => '{"n": 1}')"#,
+        "INSERT INTO idempotency.ledger (key_digest, scope_id, fingerprint)
+         VALUES (idem_digest('renamed-column'), idem_scope_id('default'), idem_fingerprint('{\"n\": 1}'))
+         ON CONFLICT (key_digest) DO NOTHING",
+    );
+    assert_eq!((error.code.as_str(), error.internal_query.as_deref()), ("42703", None));
 }
 
 /// A claim waiting for another transaction's uncommitted claim, ended by `end` from a third
