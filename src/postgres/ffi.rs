@@ -105,6 +105,7 @@ unguarded! {
     fn get_relname_relid(relname: *const ::core::ffi::c_char, relnamespace: Oid) -> Oid;
     fn get_rel_namespace(relid: Oid) -> Oid;
     fn IsInParallelMode() -> bool;
+    fn AcceptInvalidationMessages();
     fn get_namespace_name(nspid: Oid) -> *mut ::core::ffi::c_char;
     fn DirectFunctionCall1Coll(func: PGFunction, collation: Oid, arg1: Datum) -> Datum;
     fn nextval_oid(fcinfo: FunctionCallInfo) -> Datum;

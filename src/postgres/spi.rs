@@ -33,6 +33,8 @@ pub struct Statement {
 pub struct Kept {
     plan: pg_sys::SPIPlanPtr,
     sql: String,
+    /// Whether the statement names objects in the extension's schema (see [`execute`]).
+    in_extension_schema: bool,
 }
 
 impl Drop for Kept {
@@ -49,20 +51,6 @@ thread_local! {
 impl Statement {
     /// Runs the statement and hands its result to `read`.
     pub fn run<R>(&'static self, args: &[DatumWithOid<'_>], read: impl FnOnce(&Rows) -> R) -> Result<R, PgError> {
-        // Parsing a name in the extension's schema checks USAGE on it, once, when the plan is
-        // kept; a kept plan is not parsed again when the role changes (SET ROLE, a SECURITY
-        // DEFINER caller), so the statement typed by hand would check what the plan does not.
-        if self.sql.contains("idempotency.") {
-            // SAFETY: a syscache lookup, then an ACL check that raises 42501 inside catch.
-            unsafe {
-                catch(|| {
-                    let schema = ffi::get_namespace_oid(c"idempotency".as_ptr(), true);
-                    if schema != pg_sys::InvalidOid {
-                        super::write::check_schema_usage(schema);
-                    }
-                })?
-            };
-        }
         execute(&*self.kept()?, args, read)
     }
 
@@ -71,7 +59,10 @@ impl Statement {
         if let Some(plan) = KEPT.with(|k| k.borrow().get(&id).cloned()) {
             return Ok(plan);
         }
-        let plan = Rc::new(prepare(self.sql, self.args)?);
+        let mut kept = prepare(self.sql, self.args)?;
+        // The fixed statements name the extension's tables as `idempotency.…`.
+        kept.in_extension_schema = self.sql.contains("idempotency.");
+        let plan = Rc::new(kept);
         KEPT.with(|k| k.borrow_mut().insert(id, plan.clone()));
         Ok(plan)
     }
@@ -103,7 +94,7 @@ pub fn prepare(sql: &str, args: &[pg_sys::Oid]) -> Result<Kept, PgError> {
     }
     .map_err(|e| e.without_statement_line(sql))?;
     assert!(!plan.is_null(), "idempotency could not prepare: {sql}");
-    Ok(Kept { plan, sql: sql.to_string() })
+    Ok(Kept { plan, sql: sql.to_string(), in_extension_schema: false })
 }
 
 fn connect() {
@@ -114,6 +105,12 @@ fn connect() {
 
 /// Runs a kept plan in its own SPI connection and hands the rows to `read`, which copies out
 /// what it needs: they are gone when the connection closes.
+///
+/// The statement typed by hand is parsed on every run, and parsing takes in the invalidations
+/// other sessions committed (a REVOKE, an ALTER) and checks USAGE on each schema it names. A
+/// kept plan is neither re-parsed when the role changes (SET ROLE, a SECURITY DEFINER caller)
+/// nor made to look at new invalidations while its tables stay locked, so both are done here.
+/// (A versioned write's target schema is checked when the target is opened.)
 pub fn execute<R>(plan: &Kept, args: &[DatumWithOid<'_>], read: impl FnOnce(&Rows) -> R) -> Result<R, PgError> {
     let datums: Vec<Option<pg_sys::Datum>> = args.iter().map(|a| a.datum().map(|d| d.sans_lifetime())).collect();
     let mut values: Vec<pg_sys::Datum> = datums.iter().map(|d| d.unwrap_or(pg_sys::Datum::from(0))).collect();
@@ -121,6 +118,13 @@ pub fn execute<R>(plan: &Kept, args: &[DatumWithOid<'_>], read: impl FnOnce(&Row
     // SAFETY: the argument arrays outlive the step, which owns nothing.
     let status = unsafe {
         catch(|| {
+            ffi::AcceptInvalidationMessages();
+            if plan.in_extension_schema {
+                let schema = ffi::get_namespace_oid(c"idempotency".as_ptr(), true);
+                if schema != pg_sys::InvalidOid {
+                    super::write::check_schema_usage(schema);
+                }
+            }
             connect();
             ffi::SPI_execute_plan(plan.plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
         })

@@ -136,6 +136,9 @@ pub unsafe fn open_owned(
 ) -> std::result::Result<pg_sys::Relation, PgError> {
     let lock = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
     catch(|| {
+        // As parsing the statement does: a REVOKE or an ALTER another session committed
+        // counts from the next statement on, even with the table already locked.
+        ffi::AcceptInvalidationMessages();
         let (mut schema, mut oid) = cached.get();
         if schema == pg_sys::InvalidOid {
             (schema, oid) = find_owned(schema_name, name);

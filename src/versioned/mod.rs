@@ -534,7 +534,8 @@ fn open_target(table_oid: pg_sys::Oid) -> Result<pg_sys::Relation> {
     let rel = unsafe {
         catch(|| {
             // The statement names the table in its schema, and resolves the name before it
-            // locks the table.
+            // locks the table, taking in what other sessions committed meanwhile.
+            ffi::AcceptInvalidationMessages();
             let namespace = ffi::get_rel_namespace(table_oid);
             if namespace != pg_sys::InvalidOid {
                 crate::postgres::write::check_schema_usage(namespace);
@@ -614,13 +615,12 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
     if unsafe { pg_sys::get_attgenerated(table.oid, table.get(version)?.attnum) } != 0 {
         return Err(IdemError::new(SqlState::GeneratedAlways, generated_version(version)).hint(GENERATED_HINT));
     }
-    let foreign = GUARD_TRIGGER.run(&[DatumWithOid::from(table.oid)], |rows| {
-        (!rows.is_empty()).then(|| rows.get::<bool>(0, 1)).flatten() == Some(false)
-    })?;
-    if foreign {
+    let foreign = FOREIGN_GUARD_TRIGGER
+        .run(&[DatumWithOid::from(table.oid)], |rows| (!rows.is_empty()).then(|| rows.get::<String>(0, 1)).flatten())?;
+    if let Some(holder) = foreign {
         return Err(IdemError::new(
             SqlState::DuplicateObject,
-            format!("{} has a trigger named idem_version_guard that is not the version guard", table.name),
+            format!("{holder} has a trigger named idem_version_guard that is not the version guard"),
         )
         .hint("Rename that trigger, then guard the table."));
     }
@@ -633,11 +633,19 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
     Ok(())
 }
 
-/// Whether the table's trigger named idem_version_guard is the guard; no row without one.
-static GUARD_TRIGGER: Statement = Statement {
-    sql: "SELECT t.tgfoid OPERATOR(pg_catalog.=) 'idempotency.version_guard()'::pg_catalog.regprocedure \
+/// The table, or partition of it, with a trigger named idem_version_guard that is not the
+/// guard: CREATE OR REPLACE TRIGGER on a partitioned table replaces its partitions' too.
+static FOREIGN_GUARD_TRIGGER: Statement = Statement {
+    sql: "SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' \
+                 OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname) \
           FROM pg_catalog.pg_trigger t \
-          WHERE t.tgrelid OPERATOR(pg_catalog.=) $1 AND t.tgname OPERATOR(pg_catalog.=) 'idem_version_guard'",
+          JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid \
+          JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+          WHERE (t.tgrelid OPERATOR(pg_catalog.=) $1 \
+                 OR t.tgrelid IN (SELECT r.relid FROM pg_catalog.pg_partition_tree($1) r)) \
+            AND t.tgname OPERATOR(pg_catalog.=) 'idem_version_guard' \
+            AND t.tgfoid OPERATOR(pg_catalog.<>) 'idempotency.version_guard()'::pg_catalog.regprocedure \
+          ORDER BY t.tgrelid LIMIT 1",
     args: &[pg_sys::OIDOID],
 };
 

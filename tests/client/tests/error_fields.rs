@@ -336,3 +336,95 @@ fn a_watermark_advanced_after_the_snapshot_fails_where_the_update_fails() {
         )
     });
 }
+
+/// The role the revoke tests take privileges from.
+const REVOKED: &str = "fields_revoked";
+
+/// The error of `sql`, run as REVOKED inside a transaction that ran `warm` (so that plans are
+/// kept and tables locked) before another session committed `revoke`.
+fn after_revoke(direct: &str, warm: &str, revoke: &str, sql: &str) -> Fields {
+    let mut admin = db().connect("revoke-admin");
+    ok(
+        admin.batch_execute(&format!(
+            "DO $$ BEGIN CREATE ROLE {REVOKED}; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             GRANT USAGE ON SCHEMA idempotency TO {REVOKED};
+             GRANT SELECT, INSERT, UPDATE ON idempotency.ledger TO {REVOKED};
+             GRANT SELECT, UPDATE ON members TO {REVOKED};"
+        )),
+        "grants",
+    );
+    let mut consumer = db().connect("revoke-consumer");
+    ok(
+        consumer.batch_execute(&format!("SET idempotency.direct_writes = {direct}; SET ROLE {REVOKED}; BEGIN; {warm}")),
+        warm,
+    );
+    ok(admin.batch_execute(revoke), revoke);
+    let error = consumer.batch_execute(sql).expect_err("refused after the revoke");
+    ok(consumer.batch_execute("ROLLBACK"), "ROLLBACK");
+    Fields::of(error.as_db_error().expect("a server error"))
+}
+
+/// A REVOKE another session commits while a consumer's transaction is open counts from the
+/// consumer's next call, as it does from its next hand-written statement, on both paths.
+/// `case(i)` gives run i its (warm-up ours, warm-up by hand, revoke, ours, by hand).
+fn same_error_after_revoke(case: impl Fn(usize) -> [String; 5]) {
+    let [_, warm, revoke, _, theirs] = case(0);
+    let expected = after_revoke("on", &warm, &revoke, &theirs);
+    assert_eq!(expected.code, "42501", "{theirs}");
+    for (i, direct) in [(1, "on"), (2, "off")] {
+        let [warm, _, revoke, ours, _] = case(i);
+        assert_eq!(after_revoke(direct, &warm, &revoke, &ours), expected, "{ours} with direct writes {direct}");
+    }
+}
+
+#[test]
+fn a_revoke_committed_meanwhile_refuses_the_next_claim() {
+    same_error_after_revoke(|i| {
+        let insert = |key: &str| {
+            format!(
+                "INSERT INTO idempotency.ledger (key_digest, scope_id) VALUES (idem_digest('{key}'), idem_scope_id('default'))
+                 ON CONFLICT (key_digest) DO NOTHING"
+            )
+        };
+        [
+            format!("SELECT idem_claim('revoked-warm-{i}')"),
+            insert(&format!("revoked-warm-{i}")),
+            format!("REVOKE INSERT ON idempotency.ledger FROM {REVOKED}"),
+            format!("SELECT idem_claim('revoked-{i}')"),
+            insert(&format!("revoked-{i}")),
+        ]
+    });
+}
+
+#[test]
+fn a_revoke_committed_meanwhile_refuses_the_next_stored_result() {
+    same_error_after_revoke(|i| {
+        let key = format!("revoked-result-{i}");
+        let store = |result: &str| {
+            format!("UPDATE idempotency.ledger SET result = '{result}' WHERE key_digest = idem_digest('{key}')")
+        };
+        [
+            format!("SELECT idem_claim('{key}'); SELECT idem_set_result('{key}', '{{}}')"),
+            format!("SELECT idem_claim('{key}'); {}", store("{}")),
+            format!("REVOKE UPDATE ON idempotency.ledger FROM {REVOKED}"),
+            format!(r#"SELECT idem_set_result('{key}', '{{"b": 1}}')"#),
+            store(r#"{"b": 1}"#),
+        ]
+    });
+}
+
+#[test]
+fn a_revoke_committed_meanwhile_refuses_the_next_versioned_update() {
+    same_error_after_revoke(|_| {
+        let update = |version: i32| {
+            format!("UPDATE members SET version = {version} WHERE id = 2 AND (version IS NULL OR version < {version})")
+        };
+        [
+            r#"SELECT idem_versioned_update('members', '{"id": 2}', '{"version": 2}')"#.to_string(),
+            update(2),
+            format!("REVOKE UPDATE ON members FROM {REVOKED}"),
+            r#"SELECT idem_versioned_update('members', '{"id": 2}', '{"version": 3}')"#.to_string(),
+            update(3),
+        ]
+    });
+}
