@@ -108,10 +108,14 @@ BEGIN
   IF target IS NULL THEN
     RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'target must not be NULL';
   END IF;
-  -- Only the guard: a trigger of the user's own under that name is not ours to drop.
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
-                 WHERE tgrelid = target AND tgname = 'idem_version_guard'
-                   AND tgfoid = 'idempotency.version_guard()'::pg_catalog.regprocedure) THEN
+  -- Only the guard: a trigger of the user's own under that name is not ours to drop. The
+  -- guard is found through the catalogs, which need no USAGE on schema idempotency (a
+  -- regprocedure literal would, and the table's owner may not have it).
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
+                 JOIN pg_catalog.pg_proc AS p ON p.oid = t.tgfoid
+                 JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+                 WHERE t.tgrelid = target AND t.tgname = 'idem_version_guard'
+                   AND p.proname = 'version_guard' AND n.nspname = 'idempotency') THEN
     RETURN false;
   END IF;
   EXECUTE pg_catalog.format('DROP TRIGGER idem_version_guard ON %s', target);

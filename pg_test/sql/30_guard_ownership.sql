@@ -51,8 +51,31 @@ SELECT id, version FROM ledger_parts;
 SELECT sqlstate_of($$SELECT idem_version_guard('ledger_parts_low', 'id')$$) AS guard_a_partition;
 SELECT sqlstate_of($$SELECT idem_version_unguard('ledger_parts_low')$$) AS unguard_a_partition;
 SELECT idem_version_unguard('ledger_parts') AS unguarded_the_parent;
+-- A partition's own trigger under the guard's name would be replaced by the parent's guard.
+CREATE TRIGGER idem_version_guard BEFORE UPDATE ON ledger_parts_low FOR EACH ROW EXECUTE FUNCTION audit_row();
+SELECT sqlstate_of($$SELECT idem_version_guard('ledger_parts')$$) AS guard_over_a_partitions_trigger;
+SELECT tgfoid::regproc AS partition_keeps FROM pg_trigger
+WHERE tgrelid = 'ledger_parts_low'::regclass AND tgname = 'idem_version_guard';
+DROP TRIGGER idem_version_guard ON ledger_parts_low;
 SELECT count(*) AS guards_left FROM idempotency.version_guards
 WHERE target IN ('ledger_parts'::regclass, 'ledger_parts_low'::regclass);
+
+-- Unguarding needs no USAGE on schema idempotency: a table's owner may drop its own guard.
+CREATE ROLE idem_table_owner;
+CREATE SCHEMA owned AUTHORIZATION idem_table_owner;
+SET ROLE idem_table_owner;
+CREATE TABLE owned.rows (id int PRIMARY KEY, version int);
+SELECT idem_version_unguard('owned.rows') AS unguarded_without_usage;
+CREATE TRIGGER idem_version_guard BEFORE UPDATE ON owned.rows FOR EACH ROW EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger();
+SELECT idem_version_unguard('owned.rows') AS left_its_own_trigger;
+DROP TRIGGER idem_version_guard ON owned.rows;
+RESET ROLE;
+SELECT idem_version_guard('owned.rows');
+SET ROLE idem_table_owner;
+SELECT idem_version_unguard('owned.rows') AS unguarded_by_its_owner;
+RESET ROLE;
+DROP SCHEMA owned CASCADE;
+DROP ROLE idem_table_owner;
 
 DROP TABLE audited, guarded_by_hand, computed, recomputed, ledger_parts;
 DROP FUNCTION audit_row();
