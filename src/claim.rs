@@ -15,7 +15,7 @@ use crate::digest::{abbreviate, fingerprint, parse_key, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::spi::{Statement, StoredJsonb};
 use crate::postgres::write::{
-    attnum, open_owned, ColumnDefault, DirectInsert, Insert, InsertPrivileges, PermissionCache, Shape,
+    attnum, open_owned, ColumnDefault, DirectInsert, InsertPrivileges, PermissionCache, Shape,
 };
 use crate::retention::check_late_replay;
 
@@ -117,7 +117,7 @@ impl Ledger {
     }
 
     /// Inserts the claim unless (scope, key) is already claimed; true when inserted, None
-    /// where the statement must decide ([`Insert::ToStatement`]).
+    /// where the statement must decide ([`crate::postgres::write::Insert::ToStatement`]).
     fn claim(&self, digest: Uuid, scope_id: i64, fingerprint: Option<Uuid>) -> Result<Option<bool>> {
         let inserted = self.0.insert(|values, nulls| {
             (values[KEY_DIGEST], nulls[KEY_DIGEST]) = (digest.into_datum().expect("a uuid datum"), false);
@@ -126,11 +126,7 @@ impl Ledger {
                 (values[FINGERPRINT], nulls[FINGERPRINT]) = (fingerprint.into_datum().expect("a uuid datum"), false);
             }
         })?;
-        Ok(match inserted {
-            Insert::Inserted => Some(true),
-            Insert::Conflict => Some(false),
-            Insert::ToStatement => None,
-        })
+        Ok(inserted.decided())
     }
 
     fn finish(self) -> Result<()> {

@@ -33,7 +33,7 @@ use crate::digest::{parse_key, uuid_v8, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::spi::{Statement, CONFLICT_TRIES};
 use crate::postgres::write::{
-    attnum, open_owned, ColumnDefault, DirectInsert, Insert, InsertPrivileges, PermissionCache, Shape,
+    attnum, open_owned, ColumnDefault, DirectInsert, InsertPrivileges, PermissionCache, Shape,
 };
 use crate::postgres::xact::{self, TransactionLocal};
 use crate::postgres::{catch, ffi};
@@ -143,7 +143,7 @@ impl Outbox {
 
     /// INSERT_MESSAGE's steps after its privilege checks: the next seq (nextval's own
     /// privilege check included), then the row unless its id is present. None where the
-    /// statement must decide ([`Insert::ToStatement`]).
+    /// statement must decide ([`crate::postgres::write::Insert::ToStatement`]).
     fn insert(&self, row: &Row) -> Result<Option<bool>> {
         // SAFETY: nextval(regclass), the statement's own function, raises (no privilege, a
         // read-only transaction, the sequence exhausted) inside catch.
@@ -161,11 +161,7 @@ impl Outbox {
             (values[PAYLOAD], nulls[PAYLOAD]) = (row.payload, false);
             (values[HEADERS], nulls[HEADERS]) = optional(row.headers);
         })?;
-        Ok(match inserted {
-            Insert::Inserted => Some(true),
-            Insert::Conflict => Some(false),
-            Insert::ToStatement => None,
-        })
+        Ok(inserted.decided())
     }
 
     fn finish(self) -> Result<()> {

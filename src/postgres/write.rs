@@ -265,6 +265,17 @@ pub enum Insert {
     ToStatement,
 }
 
+impl Insert {
+    /// Whether the row went in, or None where the statement must decide.
+    pub fn decided(self) -> Option<bool> {
+        match self {
+            Insert::Inserted => Some(true),
+            Insert::Conflict => Some(false),
+            Insert::ToStatement => None,
+        }
+    }
+}
+
 /// The outcome of updating one row.
 pub enum Update {
     Updated,
