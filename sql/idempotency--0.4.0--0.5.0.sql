@@ -511,3 +511,44 @@ LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = p.pid AND a.backend_start 
 -- or a type in pg_temp, would have run in place of pg_catalog's.
 ALTER FUNCTION idem_diagnostics(interval) SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION idempotency.ledger_estimate(interval) SET search_path = pg_catalog, pg_temp;
+
+-- A NULL LSN was reported as "pos must not be NULL", the name of the function this one wrapped;
+-- in C it names its own argument, and the position is the same numeric as before.
+CREATE OR REPLACE FUNCTION idem_watermark_advance_lsn(stream text, partition text, lsn pg_lsn)
+RETURNS boolean LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'idem_watermark_advance_lsn_entry';
+
+-- retry_after '1 month -29 days' compares above zero (a month counts 30 days), yet on 31
+-- January it put the retry a day in the past: as for a scope's retention, no field of the
+-- interval may be negative.
+CREATE OR REPLACE FUNCTION idem_outbox_failed(id uuid, reason text, retry_after interval DEFAULT '5 seconds',
+    max_attempts integer DEFAULT 10)
+RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  now_ timestamptz := clock_timestamp();
+  failed idempotency.outbox;
+BEGIN
+  PERFORM idempotency.require_transaction_block('idem_outbox_failed');
+  IF id IS NULL OR reason IS NULL OR retry_after IS NULL OR max_attempts IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'id, reason, retry_after and max_attempts must not be NULL';
+  END IF;
+  IF extract(year FROM retry_after) < 0 OR extract(month FROM retry_after) < 0
+     OR extract(day FROM retry_after) < 0 OR retry_after - date_trunc('day', retry_after) < interval '0'
+     OR max_attempts < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = format('retry_after must not be negative and max_attempts must be at least 1, not %s and %s', retry_after, max_attempts),
+      HINT = 'Each of retry_after''s years, months, days and time must be zero or more.';
+  END IF;
+  UPDATE idempotency.outbox AS o
+     SET attempts = o.attempts + 1, last_error = reason, retry_at = now_ + retry_after,
+         set_aside_at = CASE WHEN o.attempts + 1 >= max_attempts THEN now_ END
+   WHERE o.id = idem_outbox_failed.id AND o.sent_at IS NULL AND o.set_aside_at IS NULL
+  RETURNING o.* INTO failed;
+  RETURN CASE WHEN failed.id IS NULL THEN 'not pending'
+              WHEN failed.set_aside_at IS NOT NULL THEN 'set aside'
+              ELSE 'retry' END;
+END
+$$;

@@ -256,8 +256,8 @@ fn bounded<'a>(name: &'a str, what: &str) -> Result<&'a str> {
 
 /// A position is a whole number from zero up (an offset, a sequence, an LSN), stored without
 /// a fractional part: 42.0 is position 42.
-fn position(pos: Option<AnyNumeric>) -> Result<AnyNumeric> {
-    let pos = required(pos, "pos")?;
+fn position(pos: Option<AnyNumeric>, what: &str) -> Result<AnyNumeric> {
+    let pos = required(pos, what)?;
     let text = pos.to_string();
     let whole = match text.split_once('.') {
         None => text.as_str(),
@@ -277,10 +277,11 @@ fn position(pos: Option<AnyNumeric>) -> Result<AnyNumeric> {
     Ok(AnyNumeric::try_from(whole).expect("a string of digits is a numeric"))
 }
 
-fn advance(stream: Option<&str>, partition: Partition<'_>, pos: Option<AnyNumeric>) -> Result<bool> {
+/// `what` is the position's argument name, for the message when it is NULL.
+fn advance(stream: Option<&str>, partition: Partition<'_>, pos: Option<AnyNumeric>, what: &str) -> Result<bool> {
     let stream = stream_name(stream)?;
     let partition = partition.text()?;
-    let pos = position(pos)?;
+    let pos = position(pos, what)?;
     let moved = match move_directly(stream, &partition, &pos)? {
         Some(moved) => moved,
         None => MOVE.run(&args(stream, &partition, pos.clone()), |rows| rows.len() == 1)?,
@@ -304,9 +305,21 @@ fn read(stream: Option<&str>, partition: Partition<'_>) -> Result<Option<AnyNume
 
 #[pg_extern(sql = false)]
 fn idem_watermark_advance(stream: Option<&str>, partition: Option<&str>, pos: Option<AnyNumeric>) -> Option<bool> {
-    finish(advance(stream, Partition::Name(partition), pos))
+    finish(advance(stream, Partition::Name(partition), pos, "pos"))
 }
 sqlstate_entry!(idem_watermark_advance_entry, pg_finfo_idem_watermark_advance_entry, idem_watermark_advance_wrapper);
+
+/// pg_lsn is an unsigned 64-bit integer passed by value, which pgrx reads as an i64 datum:
+/// its bits are the LSN's byte position (a position past 2^63 reads negative, hence the cast).
+#[pg_extern(sql = false)]
+fn idem_watermark_advance_lsn(stream: Option<&str>, partition: Option<&str>, lsn: Option<i64>) -> Option<bool> {
+    finish(advance(stream, Partition::Name(partition), lsn.map(|lsn| AnyNumeric::from(lsn as u64)), "lsn"))
+}
+sqlstate_entry!(
+    idem_watermark_advance_lsn_entry,
+    pg_finfo_idem_watermark_advance_lsn_entry,
+    idem_watermark_advance_lsn_wrapper
+);
 
 #[pg_extern(sql = false)]
 fn idem_watermark_advance_numbered(
@@ -314,7 +327,7 @@ fn idem_watermark_advance_numbered(
     partition: Option<i64>,
     pos: Option<AnyNumeric>,
 ) -> Option<bool> {
-    finish(advance(stream, Partition::Number(partition), pos))
+    finish(advance(stream, Partition::Number(partition), pos, "pos"))
 }
 sqlstate_entry!(
     idem_watermark_advance_numbered_entry,

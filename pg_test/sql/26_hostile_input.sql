@@ -433,6 +433,7 @@ SELECT h.* FROM (VALUES
   ('idem_outbox_failed: NULL retry_after', $$SELECT idem_outbox_failed(idem_message_id('hostile-sender', 'hostile', 2), 'r', NULL)$$),
   ('idem_outbox_failed: NULL max_attempts', $$SELECT idem_outbox_failed(idem_message_id('hostile-sender', 'hostile', 2), 'r', '1 s', NULL)$$),
   ('idem_outbox_failed: negative retry_after', $$SELECT idem_outbox_failed(idem_message_id('hostile-sender', 'hostile', 2), 'r', '-1 s')$$),
+  ('idem_outbox_failed: retry_after with a negative field', $$SELECT idem_outbox_failed(idem_message_id('hostile-sender', 'hostile', 2), 'r', '1 month -29 days')$$),
   ('idem_outbox_failed: zero max_attempts', $$SELECT idem_outbox_failed(idem_message_id('hostile-sender', 'hostile', 2), 'r', '1 s', 0)$$),
   ('idem_outbox_failed: max_attempts beyond int4', $$SELECT idem_outbox_failed(idem_message_id('hostile-sender', 'hostile', 2), 'r', '1 s', '2147483648')$$),
   ('idem_outbox_failed: unknown id', $$SELECT idem_outbox_failed('00000000-0000-0000-0000-000000000000', 'r')$$),
