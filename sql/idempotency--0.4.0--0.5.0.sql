@@ -552,3 +552,20 @@ BEGIN
               ELSE 'retry' END;
 END
 $$;
+
+-- idempotency.duplicates was the extension's one table without a primary key. Once a
+-- publication took every table (FOR ALL TABLES, FOR TABLES IN SCHEMA idempotency), PostgreSQL
+-- refused the purge's DELETE of recorded duplicates (55000: no replica identity), so every
+-- purge stopped before its budget warnings, and the rows were never removed. A key of its own,
+-- from a sequence rather than an identity column, so that both are dumped like outbox_seq: a
+-- restored database goes on numbering after the rows it restored, which a dump keeps from now
+-- on too (diagnostics were lost by a dump and restore). Adding the column rewrites the table,
+-- under a lock that holds back only claims recording a duplicate, and only while it lasts.
+CREATE SEQUENCE idempotency.duplicates_id_seq AS pg_catalog.int8;
+ALTER TABLE idempotency.duplicates
+  ADD COLUMN id pg_catalog.int8 NOT NULL DEFAULT pg_catalog.nextval('idempotency.duplicates_id_seq'::pg_catalog.regclass),
+  ADD CONSTRAINT duplicates_pkey PRIMARY KEY (id);
+ALTER SEQUENCE idempotency.duplicates_id_seq OWNED BY idempotency.duplicates.id;
+SELECT pg_catalog.pg_extension_config_dump('idempotency.duplicates', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.duplicates_id_seq', '');
+REVOKE ALL ON SEQUENCE idempotency.duplicates_id_seq FROM PUBLIC;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ledger is extension configuration (pg_extension_config_dump): a dump and restore must
 # bring back every claimed key, or the restored database would process them all again; so
-# must the watermarks, and the external calls begun and confirmed.
+# must the watermarks, the external calls begun and confirmed, and the recorded duplicates.
 set -euo pipefail
 psql -qX -v ON_ERROR_STOP=1 -d postgres <<'SQL'
 SET client_min_messages = warning;
@@ -16,6 +16,8 @@ SELECT idem_claim('order-' || i || ':paid') FROM generate_series(1, 1000) AS i;
 SELECT idem_claim('order-1:paid', 'billing');
 SELECT idem_set_result('order-1:paid', '{"invoice": 7}', 'billing');
 SELECT idem_watermark_advance('payments', 3, 41);
+SET idempotency.diagnostics = on;
+SELECT idem_claim('order-' || i || ':paid') FROM generate_series(1, 3) AS i;
 SQL
 # The external-call ledger's steps each run on their own (not inside a transaction block).
 psql -qXAt -v ON_ERROR_STOP=1 -d idem_dump_src -c "SELECT state FROM idem_call_begin('order-1:paid', 'billing', 'charge')" \
@@ -29,14 +31,19 @@ SELECT count(*) FROM idempotency.ledger;
 SELECT idem_watermark_advance('payments', 3, 41), idem_watermark('payments', 3);
 SELECT state, response FROM idem_call_begin('order-1:paid', 'billing', 'charge');
 SELECT state FROM idem_call_begin('order-2:paid', 'billing', 'charge');
+SELECT count(*) FROM idempotency.duplicates;
+-- The next recorded duplicate is numbered after the restored ones.
+SET idempotency.diagnostics = on;
+SELECT idem_claim('order-4:paid');
+SELECT count(DISTINCT id) FROM idempotency.duplicates;
 SQL
 )
-expected=$'0\nf|{"invoice": 7}\n1001\nf|41\nconfirmed|{"charge_id": "ch_1"}\nin_doubt'
+expected=$'0\nf|{"invoice": 7}\n1001\nf|41\nconfirmed|{"charge_id": "ch_1"}\nin_doubt\n3\nf\n4'
 if [[ "$got" != "$expected" ]]; then
   printf 'dump/restore lost claims.\nexpected:\n%s\ngot:\n%s\n' "$expected" "$got"
   exit 1
 fi
-echo "dump/restore: 1001 claims, a stored result, a watermark and the external-call ledger survived"
+echo "dump/restore: 1001 claims, a stored result, a watermark, the external-call ledger and the recorded duplicates survived"
 
 # A ledger extended as README's "Extending the ledger" shows: pg_dump keeps its rows, not the
 # change, so a plain restore stops at the ledger's rows (it must fail, never finish without

@@ -95,7 +95,15 @@ SELECT idem_claim_many(ARRAY['batch-1', 'batch-2', 'batch-1'], 'imports');
 CREATE TABLE accounts (id int PRIMARY KEY, balance numeric, version bigint);
 SELECT idem_versioned_upsert('accounts', jsonb_build_object('id', i, 'balance', i * 10, 'version', 5)) FROM generate_series(1, 20) AS i;
 SELECT idem_versioned_update('accounts', '{"id": 3}', '{"balance": 33, "version": 6}');
+-- Duplicates recorded where the release has diagnostics (0.4.0): the update gives them a key.
+SET idempotency.diagnostics = on;
+SELECT idem_claim('order-' || i || ':paid') FROM generate_series(1, 3) AS i
+WHERE pg_catalog.to_regclass('idempotency.duplicates') IS NOT NULL;
 SQL
+  recorded=0
+  if [ "$(q -d "$db" -c "SELECT to_regclass('idempotency.duplicates') IS NOT NULL")" = t ]; then
+    recorded=$(q -d "$db" -c "SELECT count(*) FROM idempotency.duplicates")
+  fi
   before=$(q -d "$db" -c "SELECT count(*) FROM idempotency.ledger")
   q -d "$db" -c "ALTER EXTENSION idempotency UPDATE"
   version=$(q -d "$db" -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
@@ -114,9 +122,13 @@ DO $$ BEGIN PERFORM idem_forget_scope(NULL); RAISE 'idem_forget_scope(NULL) answ
 DO $$ BEGIN PERFORM idem_declare_scope('eon', '10000 years'); RAISE 'a 10000-year retention was declared';
       EXCEPTION WHEN SQLSTATE '22023' THEN NULL; END $$;
 SELECT string_agg(id || ':' || balance || ':' || version, ' ' ORDER BY id) FROM accounts WHERE id IN (1, 3);
+-- 0.5.0: recorded duplicates have a primary key, numbered on after those recorded before.
+SET idempotency.diagnostics = on;
+SELECT idem_claim('order-4:paid');
+SELECT count(*), count(DISTINCT id) FROM idempotency.duplicates;
 SQL
   )
-  expected=$'552\n0\n0\nf|{"refund": 7}\n{f,t}\nf\n1:10:5 3:33:6'
+  expected=$'552\n0\n0\nf|{"refund": 7}\n{f,t}\nf\n1:10:5 3:33:6\nf\n'"$((recorded + 1))|$((recorded + 1))"
   if [[ "$version" != "$current" || "$before" != 552 || "$got" != "$expected" ]]; then
     printf 'upgrade from %s: to %s (want %s), %s keys before (want 552)\nexpected:\n%s\ngot:\n%s\n' \
       "$from" "$version" "$current" "$before" "$expected" "$got"
@@ -127,5 +139,5 @@ SQL
     cat /tmp/idem-upgrade.diff
     exit 1
   fi
-  echo "upgrade $from -> $current: 552 stored keys recognised, result replayed, fingerprint kept, objects as a fresh install"
+  echo "upgrade $from -> $current: 552 stored keys recognised, result replayed, fingerprint kept, $recorded recorded duplicates kept, objects as a fresh install"
 done

@@ -82,6 +82,24 @@ CALL idem_purge();
 \o
 SELECT scope, count(*) AS recorded FROM idempotency.duplicates GROUP BY scope ORDER BY scope;
 
+-- Every table of the extension has a primary key, so a publication of every table (for
+-- change-data capture, or an upgrade by logical replication) leaves the purge working: the
+-- DELETE of recorded duplicates needs a replica identity (55000 without one).
+SET client_min_messages = error;  -- the server's wal_level is not logical: a WARNING
+CREATE PUBLICATION diag_everything FOR ALL TABLES;
+RESET client_min_messages;
+SELECT c.relname AS without_primary_key
+FROM pg_depend AS d JOIN pg_class AS c ON c.oid = d.objid
+WHERE d.classid = 'pg_class'::regclass AND d.deptype = 'e' AND c.relkind = 'r'
+  AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
+  AND NOT EXISTS (SELECT FROM pg_index AS i WHERE i.indrelid = c.oid AND i.indisprimary);
+UPDATE idempotency.duplicates SET seen_at = seen_at - interval '31 days' WHERE scope = 'diag_role';
+\o /dev/null
+CALL idem_purge();
+\o
+SELECT scope, count(*) AS recorded FROM idempotency.duplicates GROUP BY scope ORDER BY scope;
+DROP PUBLICATION diag_everything;
+
 SELECT sqlstate_of($$SELECT * FROM idem_diagnostics('0')$$);
 SELECT sqlstate_of($$SELECT * FROM idem_diagnostics(NULL)$$);
 RESET idempotency.diagnostics;
