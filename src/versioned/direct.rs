@@ -93,6 +93,10 @@ pub struct DirectUpdate {
     version: usize,
     version_order: *mut pg_sys::FmgrInfo,
     version_collation: pg_sys::Oid,
+    /// The statement's `<` on versions runs in its executor, which counts a call in
+    /// pg_stat_user_functions when track_functions is above this (its FmgrInfo's fn_stats:
+    /// never for a built-in, at `all` for C and SQL functions, at `pl` for the others).
+    version_less_counted_above: i32,
     /// SELECT on the key and version columns, UPDATE on the changed ones, as for the statement.
     permissions: Permissions,
     /// The order in which the values are made, the statement path's own (see [`Literals`]),
@@ -152,6 +156,9 @@ impl DirectUpdate {
         if (*version_type).cmp_proc_finfo.fn_oid == pg_sys::InvalidOid {
             return None;
         }
+        let version_less = pg_sys::lookup_type_cache(version_attr.atttypid, pg_sys::TYPECACHE_LT_OPR as i32);
+        let mut less = std::mem::zeroed::<pg_sys::FmgrInfo>();
+        pg_sys::fmgr_info_cxt(pg_sys::get_opcode((*version_less).lt_opr), &mut less, context);
 
         let key_attrs: Vec<&pg_sys::FormData_pg_attribute> =
             key.iter().map(|m| attribute(rel, m.name)).collect::<Option<_>>()?;
@@ -200,12 +207,14 @@ impl DirectUpdate {
             version: version_position,
             version_order: &raw mut (*version_type).cmp_proc_finfo,
             version_collation: version_attr.attcollation,
+            version_less_counted_above: i32::from(less.fn_stats),
             coercions,
         })
     }
 
     /// Runs the write; true when a row changed, None where the statement must decide (a
-    /// serialization failure, see [`update_where`]). A stale or missing row is found to be
+    /// serialization failure, see [`update_where`], or a version comparison the statement's
+    /// executor counts in the function statistics). A stale or missing row is found to be
     /// so before any executor state exists: most deliveries of a busy read model are stale.
     ///
     /// # Safety
@@ -217,6 +226,11 @@ impl DirectUpdate {
         key: &[Member<'_>],
         changes: &[Member<'_>],
     ) -> Result<Option<bool>, PgError> {
+        // Comparing directly would leave out the call the statement counts.
+        // SAFETY: a GUC variable, read on the backend's own thread.
+        if unsafe { pg_sys::pgstat_track_functions } > self.version_less_counted_above {
+            return Ok(None);
+        }
         // Values first, as a client's literals or parameters become values before the
         // statement is planned or its privileges checked.
         let mut keys: Vec<(&KeyLookup, pg_sys::Datum)> =
