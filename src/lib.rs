@@ -35,6 +35,7 @@ pub extern "C-unwind" fn _PG_init() {
         versioned::forget_plans,
         watermarks::forget_direct_move,
     ]);
+    postgres::spi::install_executor_start_hook();
     retention::define_settings();
     postgres::write::define_settings();
     outbox::init();

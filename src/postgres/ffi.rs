@@ -38,6 +38,7 @@ unguarded! {
     fn CheckCmdReplicaIdentity(rel: Relation, cmd: CmdType::Type);
 
     fn index_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
+    fn SPI_plan_get_plan_sources(plan: SPIPlanPtr) -> *mut List;
     fn index_close(relation: Relation, lockmode: LOCKMODE);
     fn index_rescan(scan: IndexScanDesc, keys: ScanKey, nkeys: ::core::ffi::c_int, orderbys: ScanKey, norderbys: ::core::ffi::c_int);
     fn index_getnext_slot(scan: IndexScanDesc, direction: ScanDirection::Type, slot: *mut TupleTableSlot) -> bool;

@@ -4,15 +4,16 @@
 //!
 //! SPI is called through the unguarded declarations inside [`catch`], so an error a user's
 //! trigger, constraint or policy raises in a statement reaches the client whole, without the
-//! CONTEXT line naming the extension's own SQL.
+//! CONTEXT line naming the extension's own SQL (see [`install_executor_start_hook`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::ffi::{c_char, CString};
+use std::ffi::{c_char, c_int, CString};
+use std::ptr;
 use std::rc::Rc;
 
 use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
-use pgrx::pg_sys;
+use pgrx::{pg_guard, pg_sys};
 
 use super::{catch, ffi, PgError};
 
@@ -46,6 +47,40 @@ impl Drop for Kept {
 
 thread_local! {
     static KEPT: RefCell<HashMap<usize, Rc<Kept>>> = RefCell::new(HashMap::new());
+    /// The text of the extension's statement that SPI_execute_plan is about to start.
+    static STARTING: Cell<*const c_char> = const { Cell::new(ptr::null()) };
+    static PREVIOUS_EXECUTOR_START: Cell<pg_sys::ExecutorStart_hook_type> = const { Cell::new(None) };
+}
+
+/// SPI names the statement it runs in the CONTEXT of every message raised meanwhile, as
+/// `SQL statement "…"`. The hand-written statement has no such line: an error's is removed
+/// once caught ([`PgError::without_statement_line`]), but a trigger's NOTICE or WARNING is
+/// sent as it is raised. So, as the extension's own statement starts, SPI's context callback
+/// is taken off the stack: SPI pushed it just before, and restores the stack below it itself
+/// when the statement ends.
+pub fn install_executor_start_hook() {
+    // SAFETY: called once, from _PG_init, before any statement of this backend runs.
+    unsafe {
+        PREVIOUS_EXECUTOR_START.with(|p| p.set(pg_sys::ExecutorStart_hook));
+        pg_sys::ExecutorStart_hook = Some(executor_start);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags: c_int) {
+    let ours = STARTING.with(Cell::get);
+    if !ours.is_null() && (*query).sourceText == ours {
+        STARTING.with(|s| s.set(ptr::null()));
+        // SPI's callback argument starts with the statement's text (SPICallbackArg, 14+).
+        let top = pg_sys::error_context_stack;
+        if !top.is_null() && !(*top).arg.is_null() && *(*top).arg.cast::<*const c_char>() == ours {
+            pg_sys::error_context_stack = (*top).previous;
+        }
+    }
+    match PREVIOUS_EXECUTOR_START.with(Cell::get) {
+        Some(previous) => pg_sys::ffi::pg_guard_ffi_boundary(|| previous(query, eflags)),
+        None => pg_sys::standard_ExecutorStart(query, eflags),
+    }
 }
 
 impl Statement {
@@ -126,10 +161,14 @@ pub fn execute<R>(plan: &Kept, args: &[DatumWithOid<'_>], read: impl FnOnce(&Row
                 }
             }
             connect();
+            let source =
+                pg_sys::list_nth(ffi::SPI_plan_get_plan_sources(plan.plan), 0).cast::<pg_sys::CachedPlanSource>();
+            STARTING.with(|s| s.set((*source).query_string));
             ffi::SPI_execute_plan(plan.plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
         })
-    }
-    .map_err(|e| e.without_statement_line(&plan.sql))?;
+    };
+    STARTING.with(|s| s.set(ptr::null()));
+    let status = status.map_err(|e| e.without_statement_line(&plan.sql))?;
     assert!(status >= 0, "idempotency statement failed with SPI status {status}: {}", plan.sql);
     // SAFETY: SPI_execute_plan just set both; they stay valid until SPI_finish.
     let rows = unsafe { Rows { table: pg_sys::SPI_tuptable, count: pg_sys::SPI_processed as usize } };
