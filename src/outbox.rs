@@ -369,7 +369,7 @@ sqlstate_entry!(idem_message_id_entry, pg_finfo_idem_message_id_entry, idem_mess
 fn ordering_key_lock(ordering_key: Option<&str>) {
     finish(
         required(ordering_key, "ordering_key")
-            .and_then(|k| Ok(xact::lock_ordering_key(k.as_bytes(), xact::Caller::Anyone)?)),
+            .and_then(|k| xact::lock_ordering_key(k.as_bytes(), xact::Caller::Anyone)),
     );
 }
 sqlstate_entry!(lock_ordering_key_entry, pg_finfo_lock_ordering_key_entry, ordering_key_lock_wrapper);

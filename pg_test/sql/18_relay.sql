@@ -92,12 +92,25 @@ BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT sqlstate_of($$SELECT * FROM idem_outbox_take()$$);
 ROLLBACK;
 
--- A cached sequence would number one key's messages out of commit order: relays refuse it.
+-- A cached sequence would number one key's messages out of commit order: relays refuse it,
+-- and so do a send and a requeue of a message with an ordering key, so that no message is
+-- numbered so meanwhile (a message without one keeps no order, and is sent).
 ALTER SEQUENCE idempotency.outbox_seq CACHE 20;
 BEGIN;
 SELECT sqlstate_of($$SELECT * FROM idem_outbox_take()$$);
 ROLLBACK;
+BEGIN;
+SELECT idem_claim('cached-1') AS claimed;
+SELECT sqlstate_of($$SELECT idem_send('orders', '{"step": "cached"}', ordering_key => 'order-cached')$$) AS keyed_send;
+SELECT idem_send('audit', '{"step": "cached"}') IS NOT NULL AS unkeyed_send;
+ROLLBACK;
 ALTER SEQUENCE idempotency.outbox_seq CACHE 1;
+BEGIN;
+SELECT idem_send('orders', '{"step": "set aside"}', ordering_key => 'order-requeue', key => 'requeue-1') AS requeue_id \gset
+UPDATE idempotency.outbox SET set_aside_at = now() WHERE id = :'requeue_id';
+ALTER SEQUENCE idempotency.outbox_seq CACHE 20;
+SELECT sqlstate_of(format($$SELECT idem_outbox_requeue(%L)$$, :'requeue_id')) AS keyed_requeue;
+ROLLBACK;
 
 -- Bad arguments.
 BEGIN;

@@ -39,6 +39,9 @@ unguarded! {
 
     fn index_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
     fn SPI_plan_get_plan_sources(plan: SPIPlanPtr) -> *mut List;
+    fn standard_ExecutorStart(queryDesc: *mut QueryDesc, eflags: ::core::ffi::c_int);
+    fn SearchSysCache1(cacheId: ::core::ffi::c_int, key1: Datum) -> HeapTuple;
+    fn ReleaseSysCache(tuple: HeapTuple);
     fn index_close(relation: Relation, lockmode: LOCKMODE);
     fn index_rescan(scan: IndexScanDesc, keys: ScanKey, nkeys: ::core::ffi::c_int, orderbys: ScanKey, norderbys: ::core::ffi::c_int);
     fn index_getnext_slot(scan: IndexScanDesc, direction: ScanDirection::Type, slot: *mut TupleTableSlot) -> bool;
@@ -83,6 +86,7 @@ unguarded! {
     fn InputFunctionCall(flinfo: *mut FmgrInfo, str_: *mut ::core::ffi::c_char, typioparam: Oid, typmod: int32) -> Datum;
     fn OutputFunctionCall(flinfo: *mut FmgrInfo, val: Datum) -> *mut ::core::ffi::c_char;
     fn JsonbValueToJsonb(val: *mut JsonbValue) -> *mut Jsonb;
+    fn pushJsonbValue(pstate: *mut *mut JsonbParseState, seq: JsonbIteratorToken::Type, jbval: *mut JsonbValue) -> *mut JsonbValue;
     fn JsonbToCString(out: StringInfo, in_: *mut JsonbContainer, estimated_len: ::core::ffi::c_int) -> *mut ::core::ffi::c_char;
     fn cstring_to_text_with_len(s: *const ::core::ffi::c_char, len: ::core::ffi::c_int) -> *mut text;
     fn pnstrdup(in_: *const ::core::ffi::c_char, len: Size) -> *mut ::core::ffi::c_char;

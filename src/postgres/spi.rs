@@ -13,7 +13,7 @@ use std::ptr;
 use std::rc::Rc;
 
 use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
-use pgrx::{pg_guard, pg_sys};
+use pgrx::pg_sys;
 
 use super::{catch, ffi, PgError};
 
@@ -66,7 +66,9 @@ pub fn install_executor_start_hook() {
     }
 }
 
-#[pg_guard]
+/// Not behind pgrx's guard, which would catch every statement's error raised further down
+/// (a permission check's, say) and raise a copy of it with fields changed: the hook only reads
+/// pointers, and an error of the executor passes through it untouched.
 unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags: c_int) {
     let ours = STARTING.with(Cell::get);
     if !ours.is_null() && (*query).sourceText == ours {
@@ -77,9 +79,12 @@ unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags
             pg_sys::error_context_stack = (*top).previous;
         }
     }
-    match PREVIOUS_EXECUTOR_START.with(Cell::get) {
-        Some(previous) => pg_sys::ffi::pg_guard_ffi_boundary(|| previous(query, eflags)),
-        None => pg_sys::standard_ExecutorStart(query, eflags),
+    let previous = PREVIOUS_EXECUTOR_START.with(Cell::get);
+    // SAFETY: no value with a destructor is alive here, so an error's longjmp out of the
+    // executor skips nothing of this frame.
+    match previous {
+        Some(previous) => previous(query, eflags),
+        None => ffi::standard_ExecutorStart(query, eflags),
     }
 }
 

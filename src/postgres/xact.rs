@@ -15,7 +15,8 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use sha2::{Digest, Sha256};
 
-use super::{catch, ffi, PgError};
+use super::{catch, ffi};
+use crate::error::{IdemError, SqlState};
 
 /// A value of the current transaction. Declare it in a `thread_local!` and [`register`] it.
 pub struct TransactionLocal<T: Clone + 'static> {
@@ -165,13 +166,18 @@ pub enum Caller {
 /// the table or on a column), as the senders and requeuers it is for can, so that no other
 /// role can hold up a key's senders. idem_send's own INSERT checks its privilege after the
 /// lock, and its error ends the lock with the transaction or savepoint.
-pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), PgError> {
+///
+/// Under the lock, before a sender or a requeue draws the message's number, it refuses an
+/// `idempotency.outbox_seq` with a CACHE above 1 (55000): each session would number from a
+/// block of its own, so one key's messages would be numbered out of commit order, and the
+/// relays, which refuse to take meanwhile, would deliver them so once it is put back.
+pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), IdemError> {
     let hash = Sha256::digest(key);
     let objid = u32::from_be_bytes(hash[..4].try_into().expect("SHA-256 has 32 bytes"));
     let objsubid = u16::from_be_bytes(hash[4..6].try_into().expect("SHA-256 has 32 bytes"));
-    // SAFETY: looks names up (raising 3F000 or 42P01 as SQL would) and waits for a lock; it
-    // holds nothing with a destructor across them.
-    unsafe {
+    // SAFETY: looks names up (raising 3F000 or 42P01 as SQL would), waits for a lock and
+    // reads a catalog row; it holds nothing with a destructor across them.
+    let cache = unsafe {
         catch(|| {
             let schema = ffi::get_namespace_oid(c"idempotency".as_ptr(), false);
             let outbox = ffi::get_relname_relid(c"outbox".as_ptr(), schema);
@@ -201,6 +207,43 @@ pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), PgError> {
                 objsubid,
                 pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE,
             );
+            sequence_cache(ffi::get_relname_relid(c"outbox_seq".as_ptr(), schema))
         })
+    }?;
+    if cache > 1 {
+        return Err(IdemError::new(
+            SqlState::ObjectNotInPrerequisiteState,
+            "idempotency.outbox_seq has a CACHE above 1, which numbers messages out of commit order",
+        )
+        .hint("ALTER SEQUENCE idempotency.outbox_seq CACHE 1;"));
     }
+    Ok(())
+}
+
+/// pg_sequence's row (catalog/pg_sequence.h, unchanged since PostgreSQL 10), which pgrx does
+/// not bind.
+#[repr(C)]
+struct PgSequenceRow {
+    seqrelid: pg_sys::Oid,
+    seqtypid: pg_sys::Oid,
+    seqstart: i64,
+    seqincrement: i64,
+    seqmax: i64,
+    seqmin: i64,
+    seqcache: i64,
+    seqcycle: bool,
+}
+
+/// A sequence's CACHE, or 1 for no sequence. Unguarded.
+unsafe fn sequence_cache(sequence: pg_sys::Oid) -> i64 {
+    if sequence == pg_sys::InvalidOid {
+        return 1;
+    }
+    let tuple = ffi::SearchSysCache1(pg_sys::SysCacheIdentifier::SEQRELID as i32, pg_sys::Datum::from(sequence));
+    if tuple.is_null() {
+        return 1;
+    }
+    let cache = (*pg_sys::heap_tuple_get_struct::<PgSequenceRow>(tuple)).seqcache;
+    ffi::ReleaseSysCache(tuple);
+    cache
 }
