@@ -18,8 +18,17 @@ SELECT k, is_new FROM answers;
 SELECT idem_claim('m-1') AS single_after_batch,
        idem_claim_many(ARRAY['m-1', 'm-2'], 'replica') AS other_scope;
 
--- An empty batch claims nothing.
+-- An empty batch claims nothing, and is refused where its INSERT of no rows would be: in a
+-- read-only transaction, and for a role without the ledger's privileges.
 SELECT idem_claim_many(ARRAY[]::text[]) AS empty;
+BEGIN READ ONLY;
+SELECT sqlstate_of($$SELECT idem_claim_many(ARRAY[]::text[])$$) AS empty_read_only;
+ROLLBACK;
+CREATE ROLE batch_outsider;
+SET ROLE batch_outsider;
+SELECT sqlstate_of($$SELECT idem_claim_many(ARRAY[]::text[])$$) AS empty_without_privileges;
+RESET ROLE;
+DROP ROLE batch_outsider;
 
 -- A batch is one statement: if the transaction rolls back, none of its claims remain.
 BEGIN;
