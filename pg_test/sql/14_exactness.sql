@@ -205,6 +205,31 @@ SELECT same_error($$SELECT idem_versioned_update('exact_prices', '{"id": "nine"}
                   $$UPDATE exact_prices SET amount = 'lots', version = 9 WHERE id = 'nine' AND (version IS NULL OR version < 9::numeric)$$) AS two_bad_values_statement;
 SELECT same_error($$SELECT idem_versioned_update('exact_members', '{"id": "nine"}', '{"version": "nine"}')$$,
                   $$UPDATE exact_members SET version = 'nine' WHERE id = 'nine' AND (version IS NULL OR version < 'nine')$$) AS two_bad_values;
+-- Arrays and composites too, which the statement builds from the JSON's structure (a JSON
+-- string through the type's input function): a bad one is the error for a missing or a
+-- stale row, before a later column's bad value, and before any privilege is checked.
+CREATE TYPE exact_pair AS (x int, y int);
+CREATE TABLE exact_tags (id int PRIMARY KEY, tags text[], pair exact_pair, n int, version int);
+INSERT INTO exact_tags VALUES (1, '{a}', '(1,2)', 1, 5);
+SELECT same_error($$SELECT idem_versioned_update('exact_tags', '{"id": 99}', '{"tags": "notarray", "version": 6}')$$,
+                  $$UPDATE exact_tags SET tags = 'notarray', version = 6 WHERE id = 99 AND (version IS NULL OR version < 6)$$) AS missing_row_bad_array;
+SELECT same_error($$SELECT idem_versioned_update('exact_tags', '{"id": 1}', '{"pair": "garbage", "version": 1}')$$,
+                  $$UPDATE exact_tags SET pair = 'garbage', version = 1 WHERE id = 1 AND (version IS NULL OR version < 1)$$) AS stale_bad_composite;
+SELECT same_error($$SELECT idem_versioned_update('exact_tags', '{"id": 1}', '{"tags": ["a", "b"], "pair": {"x": "q"}, "n": "x", "version": 7}')$$,
+                  $$UPDATE exact_tags SET tags = '{a,b}', pair = '(q,)', n = 'x', version = 7 WHERE id = 1 AND (version IS NULL OR version < 7)$$) AS bad_composite_before_bad_integer;
+CREATE ROLE exact_reader;
+GRANT SELECT (id, version), UPDATE (version) ON exact_tags TO exact_reader;
+SET ROLE exact_reader;
+SELECT same_error($$SELECT idem_versioned_update('exact_tags', '{"id": 1}', '{"tags": "notarray", "version": 9}')$$,
+                  $$UPDATE exact_tags SET tags = 'notarray', version = 9 WHERE id = 1 AND (version IS NULL OR version < 9)$$) AS bad_array_before_privileges;
+SELECT same_error($$SELECT idem_versioned_upsert('exact_tags', '{"id": 1, "tags": "notarray", "version": 9}')$$,
+                  $$INSERT INTO exact_tags AS t (id, tags, version) VALUES (1, 'notarray', 9) ON CONFLICT (id) DO UPDATE SET tags = EXCLUDED.tags, version = EXCLUDED.version WHERE t.version IS NULL OR t.version < EXCLUDED.version$$) AS upsert_bad_array_before_privileges;
+RESET ROLE;
+SELECT idem_versioned_update('exact_tags', '{"id": 1}', '{"tags": ["b", "c"], "pair": {"x": 3, "y": 4}, "version": 10}') AS good_values;
+SELECT * FROM exact_tags;
+DROP TABLE exact_tags;
+DROP TYPE exact_pair;
+DROP ROLE exact_reader;
 
 -- A deferred unique constraint may hold two rows with the same key until COMMIT, and the
 -- statement updates both: its recheck trigger sends the table to the statement, and a key

@@ -26,6 +26,10 @@ enum Input {
     Text { function: Box<pg_sys::FmgrInfo>, io_param: pg_sys::Oid, typmod: i32, shortcut: Shortcut, fit: Option<Fit> },
     /// A jsonb column stores the member itself.
     Jsonb,
+    /// An array or composite, built from the member's JSON structure (or parsed from a JSON
+    /// string) as the statement builds it: `jsonb_to_record('{"v": member}')` with a column
+    /// definition list of the one column `v`, here `desc`.
+    Structured { function: Box<pg_sys::FmgrInfo>, desc: pg_sys::TupleDesc },
 }
 
 /// Members whose value the input function would make from their text without any check
@@ -290,6 +294,18 @@ unsafe fn takes_text(type_oid: pg_sys::Oid) -> bool {
         && pg_sys::get_typtype(type_oid) as u8 != pg_sys::TYPTYPE_COMPOSITE
 }
 
+/// How the statement makes an array or composite of `type_oid` and `typmod` from a member:
+/// `jsonb_to_record` with the column definition list `(v type_oid(typmod))`.
+unsafe fn structured_input(type_oid: pg_sys::Oid, typmod: i32, context: pg_sys::MemoryContext) -> Input {
+    let caller = pg_sys::MemoryContextSwitchTo(context);
+    let desc = pg_sys::CreateTemplateTupleDesc(1);
+    pg_sys::TupleDescInitEntry(desc, 1, c"v".as_ptr(), type_oid, typmod, 0);
+    pg_sys::MemoryContextSwitchTo(caller);
+    let mut function = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
+    pg_sys::fmgr_info_cxt(pg_sys::Oid::from(pg_sys::F_JSONB_TO_RECORD), &mut *function, context);
+    Input::Structured { function, desc }
+}
+
 /// A value of `type_oid` made from text and fitted to `typmod` as parse_coerce.c makes a
 /// literal: the input function without the typmod (interval's alone takes it), then the
 /// type's length coercion as an assignment applies it. Input functions
@@ -338,9 +354,9 @@ pub enum Literal {
 
 /// The values of a write made as the hand-written statement's literals are made, before
 /// the statement runs: the statement path makes them first, so that a bad value is the
-/// error, before any privilege is checked and whether or not a row matches. Members that
-/// jsonb_populate_record builds from JSON structure (arrays, composites) are left to the
-/// statement.
+/// error, before any privilege is checked and whether or not a row matches. Arrays and
+/// composites are made as the statement makes them, from the member's JSON structure; json
+/// and jsonb members cannot fail, and are left to the statement.
 pub struct Literals {
     _context: OwnedContext,
     /// (argument, member position, how), in the order the statement's parse makes them.
@@ -364,13 +380,17 @@ impl Literals {
             let attr = attribute(rel, name)?;
             let mut domain_typmod = -1;
             let base = pg_sys::getBaseTypeAndTypmod(attr.atttypid, &mut domain_typmod);
-            if !takes_text(base) {
+            let typmod = match literal {
+                Literal::Key => -1,
+                Literal::Change if base == attr.atttypid => attr.atttypmod,
+                Literal::Change => domain_typmod,
+            };
+            let input = if takes_text(base) {
+                text_input(base, typmod, owned.0)
+            } else if base == pg_sys::JSONOID || base == pg_sys::JSONBOID {
                 continue;
-            }
-            let input = match literal {
-                Literal::Key => text_input(base, -1, owned.0),
-                Literal::Change if base == attr.atttypid => text_input(base, attr.atttypmod, owned.0),
-                Literal::Change => text_input(base, domain_typmod, owned.0),
+            } else {
+                structured_input(base, typmod, owned.0)
             };
             made.push((argument, position, input));
         }
@@ -389,6 +409,44 @@ impl Literals {
             })
         }
     }
+}
+
+/// `jsonb_to_record('{"v": value}')` called as the statement's FROM calls it, with `desc` as
+/// its column definition list; the row it returns. Unguarded.
+unsafe fn structured(
+    function: &pg_sys::FmgrInfo,
+    desc: pg_sys::TupleDesc,
+    value: &pg_sys::JsonbValue,
+) -> pg_sys::Datum {
+    let mut state: *mut pg_sys::JsonbParseState = ptr::null_mut();
+    let mut key: pg_sys::JsonbValue = std::mem::zeroed();
+    key.type_ = pg_sys::jbvType::jbvString;
+    key.val.string.val = c"v".as_ptr().cast_mut();
+    key.val.string.len = 1;
+    ffi::pushJsonbValue(&mut state, pg_sys::JsonbIteratorToken::WJB_BEGIN_OBJECT, ptr::null_mut());
+    ffi::pushJsonbValue(&mut state, pg_sys::JsonbIteratorToken::WJB_KEY, &mut key);
+    ffi::pushJsonbValue(
+        &mut state,
+        pg_sys::JsonbIteratorToken::WJB_VALUE,
+        (value as *const pg_sys::JsonbValue).cast_mut(),
+    );
+    let object = ffi::pushJsonbValue(&mut state, pg_sys::JsonbIteratorToken::WJB_END_OBJECT, ptr::null_mut());
+    let argument = pg_sys::Datum::from(ffi::JsonbValueToJsonb(object));
+    // The column definition list reaches jsonb_to_record as a set-returning call's expected
+    // row type (get_call_result_type), as the executor's function scan passes it.
+    let mut result_info: pg_sys::ReturnSetInfo = std::mem::zeroed();
+    result_info.type_ = pg_sys::NodeTag::T_ReturnSetInfo;
+    result_info.expectedDesc = desc;
+    result_info.allowedModes = pg_sys::SetFunctionReturnMode::SFRM_ValuePerCall as i32;
+    let size = std::mem::size_of::<pg_sys::FunctionCallInfoBaseData>() + std::mem::size_of::<pg_sys::NullableDatum>();
+    let call = ffi::palloc0(size).cast::<pg_sys::FunctionCallInfoBaseData>();
+    (*call).flinfo = (function as *const pg_sys::FmgrInfo).cast_mut();
+    (*call).resultinfo = (&raw mut result_info).cast();
+    (*call).fncollation = pg_sys::InvalidOid;
+    (*call).nargs = 1;
+    *(*call).args.as_mut_slice(1).get_unchecked_mut(0) = pg_sys::NullableDatum { value: argument, isnull: false };
+    // The call and the row are freed with the call's memory.
+    (function.fn_addr.expect("jsonb_to_record is a built-in"))(call)
 }
 
 /// numeric's output function, looked up once per backend.
@@ -414,6 +472,7 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
         Input::Jsonb => {
             (pg_sys::Datum::from(ffi::JsonbValueToJsonb((value as *const pg_sys::JsonbValue).cast_mut())), false)
         }
+        Input::Structured { function, desc } => (structured(function, *desc, value), false),
         Input::Text { function, io_param, typmod, shortcut, fit } => {
             if let Some(datum) = shortcut.apply(value) {
                 return (datum, false);
