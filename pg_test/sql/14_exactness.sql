@@ -227,8 +227,21 @@ SELECT same_error($$SELECT idem_versioned_upsert('exact_tags', '{"id": 1, "tags"
 RESET ROLE;
 SELECT idem_versioned_update('exact_tags', '{"id": 1}', '{"tags": ["b", "c"], "pair": {"x": 3, "y": 4}, "version": 10}') AS good_values;
 SELECT * FROM exact_tags;
+-- A composite type altered in the session: its values are made by its new layout, as the
+-- next statement makes them (the table itself is not invalidated by ALTER TYPE).
+ALTER TYPE exact_pair DROP ATTRIBUTE y;
+SELECT idem_versioned_update('exact_tags', '{"id": 1}', '{"pair": {"x": 5, "y": "gone"}, "version": 11}') AS new_layout;
+SELECT pair FROM exact_tags;
 DROP TABLE exact_tags;
 DROP TYPE exact_pair;
+-- An array column's typmod is applied as the assignment applies it, after the elements are
+-- made without it, as for a literal: a bare number is seconds for interval year[] too.
+CREATE TABLE exact_spans (id int PRIMARY KEY, spans interval year[], version int);
+INSERT INTO exact_spans VALUES (1, NULL, 0);
+SELECT idem_versioned_update('exact_spans', '{"id": 1}', '{"spans": ["200000000"], "version": 1}') AS bare_number;
+UPDATE exact_spans SET spans = '{200000000}', version = 2 WHERE id = 1 AND (version IS NULL OR version < 2);
+SELECT spans, version FROM exact_spans;
+DROP TABLE exact_spans;
 DROP ROLE exact_reader;
 
 -- A deferred unique constraint may hold two rows with the same key until COMMIT, and the

@@ -40,6 +40,7 @@ unguarded! {
     fn index_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
     fn SPI_plan_get_plan_sources(plan: SPIPlanPtr) -> *mut List;
     fn standard_ExecutorStart(queryDesc: *mut QueryDesc, eflags: ::core::ffi::c_int);
+    fn fmgr_info(functionId: Oid, finfo: *mut FmgrInfo);
     fn SearchSysCache1(cacheId: ::core::ffi::c_int, key1: Datum) -> HeapTuple;
     fn ReleaseSysCache(tuple: HeapTuple);
     fn index_close(relation: Relation, lockmode: LOCKMODE);

@@ -29,7 +29,7 @@ enum Input {
     /// An array or composite, built from the member's JSON structure (or parsed from a JSON
     /// string) as the statement builds it: `jsonb_to_record('{"v": member}')` with a column
     /// definition list of the one column `v`, here `desc`.
-    Structured { function: Box<pg_sys::FmgrInfo>, desc: pg_sys::TupleDesc },
+    Structured { desc: pg_sys::TupleDesc },
 }
 
 /// Members whose value the input function would make from their text without any check
@@ -301,9 +301,7 @@ unsafe fn structured_input(type_oid: pg_sys::Oid, typmod: i32, context: pg_sys::
     let desc = pg_sys::CreateTemplateTupleDesc(1);
     pg_sys::TupleDescInitEntry(desc, 1, c"v".as_ptr(), type_oid, typmod, 0);
     pg_sys::MemoryContextSwitchTo(caller);
-    let mut function = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
-    pg_sys::fmgr_info_cxt(pg_sys::Oid::from(pg_sys::F_JSONB_TO_RECORD), &mut *function, context);
-    Input::Structured { function, desc }
+    Input::Structured { desc }
 }
 
 /// A value of `type_oid` made from text and fitted to `typmod` as parse_coerce.c makes a
@@ -389,6 +387,10 @@ impl Literals {
                 text_input(base, typmod, owned.0)
             } else if base == pg_sys::JSONOID || base == pg_sys::JSONBOID {
                 continue;
+            } else if base == attr.atttypid {
+                // The statement's column definition list names the type without the column's
+                // typmod, which the assignment applies after (interval's fields included).
+                structured_input(base, -1, owned.0)
             } else {
                 structured_input(base, typmod, owned.0)
             };
@@ -413,11 +415,13 @@ impl Literals {
 
 /// `jsonb_to_record('{"v": value}')` called as the statement's FROM calls it, with `desc` as
 /// its column definition list; the row it returns. Unguarded.
-unsafe fn structured(
-    function: &pg_sys::FmgrInfo,
-    desc: pg_sys::TupleDesc,
-    value: &pg_sys::JsonbValue,
-) -> pg_sys::Datum {
+///
+/// The function is looked up for each call, in the call's memory: jsonb_to_record keeps the
+/// layouts of the composite types it meets in its FmgrInfo, as the statement keeps them for
+/// one execution, and an ALTER TYPE of a column's type does not invalidate the table.
+unsafe fn structured(desc: pg_sys::TupleDesc, value: &pg_sys::JsonbValue) -> pg_sys::Datum {
+    let mut function = std::mem::zeroed::<pg_sys::FmgrInfo>();
+    ffi::fmgr_info(pg_sys::Oid::from(pg_sys::F_JSONB_TO_RECORD), &mut function);
     let mut state: *mut pg_sys::JsonbParseState = ptr::null_mut();
     let mut key: pg_sys::JsonbValue = std::mem::zeroed();
     key.type_ = pg_sys::jbvType::jbvString;
@@ -440,7 +444,7 @@ unsafe fn structured(
     result_info.allowedModes = pg_sys::SetFunctionReturnMode::SFRM_ValuePerCall as i32;
     let size = std::mem::size_of::<pg_sys::FunctionCallInfoBaseData>() + std::mem::size_of::<pg_sys::NullableDatum>();
     let call = ffi::palloc0(size).cast::<pg_sys::FunctionCallInfoBaseData>();
-    (*call).flinfo = (function as *const pg_sys::FmgrInfo).cast_mut();
+    (*call).flinfo = &mut function;
     (*call).resultinfo = (&raw mut result_info).cast();
     (*call).fncollation = pg_sys::InvalidOid;
     (*call).nargs = 1;
@@ -472,7 +476,7 @@ unsafe fn coerce(input: &Input, value: &pg_sys::JsonbValue) -> (pg_sys::Datum, b
         Input::Jsonb => {
             (pg_sys::Datum::from(ffi::JsonbValueToJsonb((value as *const pg_sys::JsonbValue).cast_mut())), false)
         }
-        Input::Structured { function, desc } => (structured(function, *desc, value), false),
+        Input::Structured { desc } => (structured(*desc, value), false),
         Input::Text { function, io_param, typmod, shortcut, fit } => {
             if let Some(datum) = shortcut.apply(value) {
                 return (datum, false);
