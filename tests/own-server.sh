@@ -33,6 +33,10 @@ case $BUILD in
               RUN=${PG18_RUN:-/tmp/idempotency-pg18} PORT=${PG18_PORT:-5518} ;;
 esac
 # RUN: data directory, socket and server log.
+# The suites' own programs (client tests, relay, differential tester) are clients, the same
+# whatever the server: they share the target directory of `make test`'s run on the system's
+# 15 rather than being compiled again for each build.
+CLIENT_TARGET_DIR=${CLIENT_TARGET_DIR:-$PWD/target}
 
 timings=""
 phase() {  # phase NAME COMMAND...: runs COMMAND and notes how long it took
@@ -68,12 +72,17 @@ phase install install_extension
 while ss -ltnH | grep -q ":$PORT\b" || [ -e "$RUN/.s.PGSQL.$PORT" ]; do PORT=$((PORT + 1)); done
 as_postgres() { runuser -u postgres -- "$@"; }
 LOG=$CARGO_TARGET_DIR/server.log
-preload=pgaudit,pg_stat_statements skip="" cron_settings=""
+preload=pgaudit,pg_stat_statements skip="" skip_why="" cron_settings=""
 if bash tools/pg-build.sh --has-cron "$BUILD"; then
   preload+=,pg_cron cron_settings="-c cron.database_name=postgres -c cron.use_background_workers=on"
 else
-  skip=pg_cron
+  skip=pg_cron skip_why="pg_cron: $BUILD has no pg_cron"
   echo "$BUILD: pg_cron suite skipped: this build has no pg_cron (its sources could not be fetched when it was built)"
+fi
+# Nobody benchmarks an assert-enabled server: its bench smokes would only repeat, slowly, what
+# the release builds' runs check of the bench scripts (CI's 60 minutes).
+if [[ $BUILD == *-cassert ]]; then
+  skip+=" bench_smoke bench_scale_smoke" skip_why+="${skip_why:+; }bench smokes: benchmarks run on release builds"
 fi
 stop_cluster() {
   as_postgres "$PREFIX/bin/pg_ctl" -D "$RUN/data" -m fast stop >/dev/null 2>&1 || true
@@ -106,7 +115,8 @@ fi
 # what they add over 15's run is the server, not the client code (CI's 60 minutes).
 suites() {
   in_cluster env PGXS_TEST="$("$PG_CONFIG" --pkglibdir)/pgxs/src/test" RESULTS_DIR=$CARGO_TARGET_DIR \
-    SKIP_SUITES="$skip" SKIP_WHY="$BUILD has no pg_cron" SERVER_LOG="" PG_BINDIR="$PREFIX/bin" \
+    CARGO_TARGET_DIR="$CLIENT_TARGET_DIR" \
+    SKIP_SUITES="$skip" SKIP_WHY="$skip_why" SERVER_LOG="" PG_BINDIR="$PREFIX/bin" \
     LANGS="${LANGS:-python node go java}" bash tests/run-in-cluster.sh |
     tee "$CARGO_TARGET_DIR/suites.out"
 }
