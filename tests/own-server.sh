@@ -76,13 +76,15 @@ preload=pgaudit,pg_stat_statements skip="" skip_why="" cron_settings=""
 if bash tools/pg-build.sh --has-cron "$BUILD"; then
   preload+=,pg_cron cron_settings="-c cron.database_name=postgres -c cron.use_background_workers=on"
 else
-  skip=pg_cron skip_why="pg_cron: $BUILD has no pg_cron"
+  skip=pg_cron skip_why="pg_cron: $BUILD has no pg_cron"$'\n'
   echo "$BUILD: pg_cron suite skipped: this build has no pg_cron (its sources could not be fetched when it was built)"
 fi
 # Nobody benchmarks an assert-enabled server: its bench smokes would only repeat, slowly, what
 # the release builds' runs check of the bench scripts (CI's 60 minutes).
 if [[ $BUILD == *-cassert ]]; then
-  skip+=" bench_smoke bench_scale_smoke" skip_why+="${skip_why:+; }bench smokes: benchmarks run on release builds"
+  for smoke in bench_smoke bench_scale_smoke; do
+    skip+=" $smoke" skip_why+="$smoke: benchmarks run on release builds"$'\n'
+  done
 fi
 stop_cluster() {
   as_postgres "$PREFIX/bin/pg_ctl" -D "$RUN/data" -m fast stop >/dev/null 2>&1 || true

@@ -3,7 +3,8 @@
 # with pg_virtualenv (PGHOST, PGPORT, PGUSER and PGPASSWORD point at it).
 # PGXS_TEST: PostgreSQL's pgxs test directory; REGRESS_TESTS and ISOLATION_TESTS: test names.
 # tests/own-server.sh runs the same suites against a self-built server, with five switches:
-# SKIP_SUITES: names of suites to leave out (a build without pg_cron), SKIP_WHY: why;
+# SKIP_SUITES: names of suites to leave out (a build without pg_cron), SKIP_WHY: why, as lines
+# "NAME: reason";
 # RESULTS_DIR: where pg_regress writes its output (default target/); SERVER_LOG: the server
 # log the last suite reads for leaks and crashes, by default that of pg_virtualenv's cluster,
 # empty where the caller reads its own (own-server.sh does, also after a failed suite);
@@ -32,7 +33,9 @@ trap 'report_failure $?' EXIT
 suite() {
   local name=$1 title=$2; shift 2
   if [[ " ${SKIP_SUITES:-} " == *" $name "* ]]; then
-    echo "== $title: skipped (${SKIP_WHY:-SKIP_SUITES})"; skipped+=" $name"; return
+    local why
+    why=$(printf '%s\n' "${SKIP_WHY:-}" | sed -n "s/^$name: //p")
+    echo "== $title: skipped (${why:-SKIP_SUITES})"; skipped+=" $name"; return
   fi
   echo "== $title"
   failing="$name ($title)"
