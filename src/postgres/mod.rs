@@ -7,7 +7,8 @@
 //! - [`args`]: the arguments of a `VARIADIC "any"` function, each by its own type, and the
 //!   shape of an array argument.
 //! - [`ffi`]: PostgreSQL functions declared without pgrx's per-call guard, for [`catch`].
-//! - [`relcache`]: the one relcache callback, which tells each per-table cache to forget.
+//! - [`relcache`]: the one relcache callback, which tells each per-table cache to forget, and
+//!   a table's triggers as committed, whatever the snapshot.
 //! - [`role`]: the extension's own bookkeeping, run as the owner of the table it writes.
 //! - [`settings`]: other extensions' settings, read without a lookup by name per call.
 //! - [`version`]: every difference between the PostgreSQL majors, and only those.

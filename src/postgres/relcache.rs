@@ -9,10 +9,15 @@
 //! volatility (a CHECK calling it decides the direct path), a cast from text (which decides
 //! how a value is made). A change to any schema, function or cast forgets every entry: such
 //! changes are DDL, rare beside the writes the caches serve.
+//!
+//! DDL that must not act on a stale catalog reads the relcache too ([`triggers_named`]).
 
 use std::cell::Cell;
+use std::ffi::CStr;
 
 use pgrx::pg_sys;
+
+use super::{catch, ffi, PgError};
 
 /// What forgets a cache's entries for a table, or for every table when the OID is 0.
 pub type Forget = fn(pg_sys::Oid);
@@ -54,4 +59,40 @@ unsafe extern "C-unwind" fn invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid)
     for forget in LISTENERS.with(Cell::get) {
         forget(relid);
     }
+}
+
+/// The triggers named `name` on `tables`, as (table, trigger function), once each of them is
+/// locked in `mode`. Read from the relcache, which takes in every change committed before the
+/// lock was granted: a query would read the catalog by the transaction's snapshot, which
+/// under REPEATABLE READ misses a trigger committed after it was taken. A table dropped
+/// meanwhile is skipped.
+pub fn triggers_named(
+    tables: &[pg_sys::Oid],
+    name: &CStr,
+    mode: pg_sys::LOCKMODE,
+) -> Result<Vec<(pg_sys::Oid, pg_sys::Oid)>, PgError> {
+    let mut found = Vec::new();
+    for &relid in tables {
+        // SAFETY: opening by OID raises for nothing but a failed lock (caught); the relcache
+        // entry is only read, and closed before the next table.
+        unsafe {
+            let rel = catch(|| {
+                ffi::LockRelationOid(relid, mode);
+                ffi::try_relation_open(relid, pg_sys::NoLock as pg_sys::LOCKMODE)
+            })?;
+            if rel.is_null() {
+                continue;
+            }
+            let triggers = (*rel).trigdesc;
+            if !triggers.is_null() {
+                for trigger in std::slice::from_raw_parts((*triggers).triggers, (*triggers).numtriggers as usize) {
+                    if CStr::from_ptr(trigger.tgname) == name {
+                        found.push((relid, trigger.tgfoid));
+                    }
+                }
+            }
+            ffi::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        }
+    }
+    Ok(found)
 }

@@ -20,6 +20,7 @@ use pgrx::prelude::*;
 
 use crate::error::{finish, required, sqlstate_entry, v1_finfo, IdemError, Result, SqlState};
 use crate::jsonb::{object_members, Member};
+use crate::postgres::relcache::triggers_named;
 use crate::postgres::spi::{self, execute, prepare, Kept, Statement};
 use crate::postgres::{catch, ffi};
 
@@ -615,9 +616,22 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
     if unsafe { pg_sys::get_attgenerated(table.oid, table.get(version)?.attnum) } != 0 {
         return Err(IdemError::new(SqlState::GeneratedAlways, generated_version(version)).hint(GENERATED_HINT));
     }
-    let foreign = FOREIGN_GUARD_TRIGGER
-        .run(&[DatumWithOid::from(table.oid)], |rows| (!rows.is_empty()).then(|| rows.get::<String>(0, 1)).flatten())?;
-    if let Some(holder) = foreign {
+    // CREATE TRIGGER's own lock, on the table and then on every partition, before the
+    // check: a trigger of that name that another session created meanwhile is then committed
+    // and seen, not silently replaced. The table's lock keeps partitions from being attached
+    // or created meanwhile, and pg_partition_tree reads pg_inherits as committed.
+    let lock = pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE;
+    let mut named = triggers_named(&[table.oid], c"idem_version_guard", lock)?;
+    let tree = PARTITIONS.run(&[DatumWithOid::from(table.oid)], |rows| {
+        (0..rows.len()).filter_map(|i| rows.get::<pg_sys::Oid>(i, 1)).collect::<Vec<_>>()
+    })?;
+    named.extend(triggers_named(&tree, c"idem_version_guard", lock)?);
+    let guard = GUARD_FUNCTION.run(&[], |rows| rows.get::<pg_sys::Oid>(0, 1))?;
+    if let Some(&(holder, _)) = named.iter().find(|&&(_, function)| Some(function) != guard) {
+        let holder = RELATION
+            .run(&[DatumWithOid::from(holder)], |rows| (!rows.is_empty()).then(|| rows.get::<String>(0, 2)).flatten())?
+            // A partition created after a REPEATABLE READ snapshot is not in it.
+            .unwrap_or_else(|| format!("relation with OID {}", holder.to_u32()));
         return Err(IdemError::new(
             SqlState::DuplicateObject,
             format!("{holder} has a trigger named idem_version_guard that is not the version guard"),
@@ -633,20 +647,18 @@ fn install_guard(target: Option<pg_sys::Oid>, version: Option<&str>) -> Result<(
     Ok(())
 }
 
-/// The table, or partition of it, with a trigger named idem_version_guard that is not the
-/// guard: CREATE OR REPLACE TRIGGER on a partitioned table replaces its partitions' too.
-static FOREIGN_GUARD_TRIGGER: Statement = Statement {
-    sql: "SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' \
-                 OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname) \
-          FROM pg_catalog.pg_trigger t \
-          JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid \
-          JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
-          WHERE (t.tgrelid OPERATOR(pg_catalog.=) $1 \
-                 OR t.tgrelid IN (SELECT r.relid FROM pg_catalog.pg_partition_tree($1) r)) \
-            AND t.tgname OPERATOR(pg_catalog.=) 'idem_version_guard' \
-            AND t.tgfoid OPERATOR(pg_catalog.<>) 'idempotency.version_guard()'::pg_catalog.regprocedure \
-          ORDER BY t.tgrelid LIMIT 1",
+/// The partitions beneath a table, at every level, as committed.
+static PARTITIONS: Statement = Statement {
+    sql: "SELECT r.relid FROM pg_catalog.pg_partition_tree($1) r WHERE r.relid OPERATOR(pg_catalog.<>) $1",
     args: &[pg_sys::OIDOID],
+};
+
+/// The guard's trigger function. CREATE OR REPLACE TRIGGER on a partitioned table replaces
+/// its partitions' triggers of the same name too, so every one of them is checked against it.
+static GUARD_FUNCTION: Statement = Statement {
+    // Looked up when run, not when planned: the plan outlives a DROP and CREATE EXTENSION.
+    sql: "SELECT pg_catalog.to_regprocedure('idempotency.version_guard()')::pg_catalog.oid",
+    args: &[],
 };
 
 /// The function the guard's errors name.
