@@ -139,7 +139,7 @@ echo
 # compared by keys/s with a run of single claims just before it.
 declare -A RUN=(
   [claims]="claim_hand.sql claim_ext.sql claim_plpgsql.sql claim_hand_returning.sql"
-  [versioned]="vupdate_hand.sql vupdate_ext.sql"
+  [versioned]="vupdate_hand.sql vupdate_ext.sql vupdate_ext_text.sql"
   [send]="send_hand.sql send_ext.sql send_notify.sql"
   [watermarks]="watermark_hand.sql watermark_ext.sql"
   [diagnostics]="claim_diag_off.sql claim_diag_on.sql dup_diag_off.sql dup_diag_on.sql"
@@ -249,7 +249,8 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
         line+=$(printf '  hand %.1f ext %.1f plpgsql %.1f returning %.1f |' "${mean[claim_hand]}" "${mean[claim_ext]}" "${mean[claim_plpgsql]}" "${mean[claim_hand_returning]}") ;;
       versioned)
         RATIOS[vupdate]+=" $(ratio "${mean[vupdate_hand]}" "${mean[vupdate_ext]}")"
-        line+=$(printf '  vupdate_hand %.1f vupdate_ext %.1f |' "${mean[vupdate_hand]}" "${mean[vupdate_ext]}") ;;
+        RATIOS[vupdate_text]+=" $(ratio "${mean[vupdate_hand]}" "${mean[vupdate_ext_text]}")"
+        line+=$(printf '  vupdate_hand %.1f vupdate_ext %.1f vupdate_ext_text %.1f |' "${mean[vupdate_hand]}" "${mean[vupdate_ext]}" "${mean[vupdate_ext_text]}") ;;
       send)
         RATIOS[send]+=" $(ratio "${mean[send_hand]}" "${mean[send_ext]}")"
         RATIOS[notify]+=" $(ratio "${mean[send_ext]}" "${mean[send_notify]}")"
@@ -276,13 +277,14 @@ for key in "${!LAT[@]}"; do MED[$key]=$(echo "${LAT[$key]}" | median); done
 MED[single]=$(echo "$SINGLE_TPS" | median)
 MED[many]=$(echo "$MANY_TPS" | median)
 echo "ratios within each run (the summary judges their median):"
-for m in claim plpgsql returning many vupdate send notify watermark diag_first diag_dup consumer; do RATIO[$m]=$(echo "${RATIOS[$m]}" | median); done
+for m in claim plpgsql returning many vupdate vupdate_text send notify watermark diag_first diag_dup consumer; do RATIO[$m]=$(echo "${RATIOS[$m]}" | median); done
 printf '  %-44s per round:%s   median %.3f\n' \
   "idem_claim vs hand INSERT (hand/ext µs):" "${RATIOS[claim]}" "${RATIO[claim]}" \
   "idem_claim vs plpgsql claim (plpgsql/ext µs):" "${RATIOS[plpgsql]}" "${RATIO[plpgsql]}" \
   "idem_claim vs hand INSERT … RETURNING:" "${RATIOS[returning]}" "${RATIO[returning]}" \
   "idem_claim_many keys/s / idem_claim keys/s (tps):" "${RATIOS[many]}" "${RATIO[many]}" \
   "idem_versioned_update vs hand UPDATE:" "${RATIOS[vupdate]}" "${RATIO[vupdate]}" \
+  "the same, arguments as JSON text:" "${RATIOS[vupdate_text]}" "${RATIO[vupdate_text]}" \
   "claim+insert+idem_send vs hand outbox INSERT:" "${RATIOS[send]}" "${RATIO[send]}" \
   "the same with NOTIFY vs without (ext/notify):" "${RATIOS[notify]}" "${RATIO[notify]}" \
   "idem_watermark_advance vs hand UPDATE:" "${RATIOS[watermark]}" "${RATIO[watermark]}" \
@@ -405,6 +407,7 @@ awk -v tsv="$BENCH_TSV" -v ext="${MED[claims:claim_ext]}" -v hand="${MED[claims:
     -v ret="${MED[claims:claim_hand_returning]}" -v rr="${RATIO[returning]}" \
     -v single="${MED[single]}" -v many="${MED[many]}" \
     -v vext="${MED[versioned:vupdate_ext]}" -v vhand="${MED[versioned:vupdate_hand]}" \
+    -v vtext="${MED[versioned:vupdate_ext_text]}" -v vtr="${RATIO[vupdate_text]}" \
     -v sext="${MED[send:send_ext]}" -v shand="${MED[send:send_hand]}" -v sr="${RATIO[send]}" \
     -v snot="${MED[send:send_notify]}" -v nr="${RATIO[notify]}" \
     -v wext="${MED[watermarks:watermark_ext]}" -v whand="${MED[watermarks:watermark_hand]}" -v wr="${RATIO[watermark]}" \
@@ -437,6 +440,7 @@ BEGIN {
   judged("idem_claim_many (" batch ")", sprintf("%.0f keys/s", many * batch), x, sprintf(">= 10 x single idem_claim (%.0f/s)", single), x >= 10)
   judged("idem_versioned_update", us(vext), vr, ">= 0.90 x hand conditional UPDATE", vr >= 0.90)
   informational("hand conditional UPDATE", us(vhand), 1.0, "")
+  informational("… arguments as JSON text", us(vtext), vtr, "as a driver sends jsonb parameters, not built by jsonb_build_object")
   judged("claim + insert + idem_send", us(sext), sr, ">= 0.95 x with a hand outbox INSERT", sr >= 0.95)
   informational("claim + insert + hand INSERT", us(shand), 1.0, "")
   informational("… + idem_send + NOTIFY", us(snot), shand / snot, sprintf("NOTIFY costs the send %.0f %% (relays poll)", (1 / nr - 1) * 100))
