@@ -101,7 +101,6 @@ unguarded! {
 
     fn PreventCommandIfReadOnly(cmdname: *const ::core::ffi::c_char);
     fn try_relation_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
-    fn LockRelationOid(relid: Oid, lockmode: LOCKMODE);
     fn relation_close(relation: Relation, lockmode: LOCKMODE);
     fn aclcheck_error(aclerr: AclResult::Type, objtype: ObjectType::Type, objectname: *const ::core::ffi::c_char);
     fn GetUserId() -> Oid;

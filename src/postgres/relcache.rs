@@ -73,13 +73,11 @@ pub fn triggers_named(
 ) -> Result<Vec<(pg_sys::Oid, pg_sys::Oid)>, PgError> {
     let mut found = Vec::new();
     for &relid in tables {
-        // SAFETY: opening by OID raises for nothing but a failed lock (caught); the relcache
-        // entry is only read, and closed before the next table.
+        // SAFETY: an error opening the table (a failed lock) is caught; the relcache entry is
+        // only read, and closed, keeping its lock, before the next table.
         unsafe {
-            let rel = catch(|| {
-                ffi::LockRelationOid(relid, mode);
-                ffi::try_relation_open(relid, pg_sys::NoLock as pg_sys::LOCKMODE)
-            })?;
+            // It locks first, then looks the table up: what it opens is as committed by then.
+            let rel = catch(|| ffi::try_relation_open(relid, mode))?;
             if rel.is_null() {
                 continue;
             }
