@@ -335,12 +335,18 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ids must not be NULL nor hold a NULL';
   END IF;
   -- A key's messages are sent in order: none may be marked while an earlier one is pending.
+  -- Driven by the ids, each found through the primary key: as a join under LIMIT 1 the
+  -- planner expected an early match and scanned the whole outbox for the batch's messages.
   SELECT m.id, e.id AS earlier INTO early
-  FROM idempotency.outbox AS m
-  JOIN idempotency.outbox AS e
-    ON e.ordering_key = m.ordering_key AND e.seq < m.seq
-   AND e.sent_at IS NULL AND e.set_aside_at IS NULL AND e.id <> ALL (ids)
-  WHERE m.id = ANY (ids) AND m.sent_at IS NULL
+  FROM unnest(ids) AS u(id)
+  JOIN idempotency.outbox AS m ON m.id = u.id
+  CROSS JOIN LATERAL (
+    SELECT e.id FROM idempotency.outbox AS e
+    WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq
+      AND e.sent_at IS NULL AND e.set_aside_at IS NULL AND e.id <> ALL (ids)
+    ORDER BY e.seq
+    LIMIT 1) AS e
+  WHERE m.sent_at IS NULL
   LIMIT 1;
   IF FOUND THEN
     RAISE EXCEPTION USING ERRCODE = '55000',

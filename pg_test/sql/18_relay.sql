@@ -45,9 +45,14 @@ SELECT ordering_key, payload->>'step' AS step FROM idem_outbox_take(100) WHERE o
 ROLLBACK;
 SELECT topic, pending, failed, set_aside, sent_last_minute FROM idempotency.outbox_status ORDER BY topic;
 
--- A key's messages are marked sent in order, or not at all: 55000 names the earlier one.
+-- A key's messages are marked sent in order, or not at all: 55000 names the earlier one, the
+-- earliest pending when several are.
 BEGIN;
 SELECT sqlstate_of($$SELECT idem_outbox_sent(ARRAY[idem_message_id('order-2-step-2', 'default', 0)])$$) ~ '^55000' AS refused;
+SELECT sqlstate_of($$SELECT idem_outbox_sent(ARRAY[idem_message_id('order-3-step-3', 'default', 0)])$$)
+       = format('55000: message %s cannot be marked sent before message %s of the same ordering key',
+                idem_message_id('order-3-step-3', 'default', 0), idem_message_id('order-3-step-1', 'default', 0))
+       AS names_the_earliest;
 SELECT idem_outbox_sent(ARRAY[idem_message_id('order-2-step-2', 'default', 0), idem_message_id('order-2-step-1', 'default', 0)]) AS marked;
 -- Marking again changes nothing.
 SELECT idem_outbox_sent(ARRAY[idem_message_id('order-2-step-1', 'default', 0)]) AS marked_again;
