@@ -36,7 +36,7 @@ fill() {  # fill ext|hand KEYS
 # One psql session answers every poll: a psql started for each (fifty a second) took a fifth
 # of the machine's two cores from the relays it was timing.
 coproc POLL { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$DB"; }
-POLL_PID=$POLL_PID PIDS=("$POLL_PID")
+PIDS=("$POLL_PID")
 pending() {  # pending ext|hand
   if [ "$1" = ext ]; then echo "SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL;"; else echo "SELECT count(*) FROM hand_outbox;"; fi >&"${POLL[1]}"
   local n
@@ -44,9 +44,8 @@ pending() {  # pending ext|hand
   echo "$n"
 }
 drain() {  # drain ext|hand RELAYS KEYS: prints messages per second
-  local start end i
+  local start end i relays=()
   fill "$1" "$3"
-  PIDS=("$POLL_PID")
   start=$(date +%s.%N)
   for ((i = 0; i < $2; i++)); do
     if [ "$1" = ext ]; then
@@ -55,13 +54,12 @@ drain() {  # drain ext|hand RELAYS KEYS: prints messages per second
     else
       "$BIN/examples/hand_relay" "$DATABASE_URL" "$AMQP_URL" $BATCH &
     fi
-    PIDS+=($!)
+    relays+=($!)
   done
   while [ "$(pending "$1")" != 0 ]; do sleep 0.02; done
   end=$(date +%s.%N)
-  for p in "${PIDS[@]:1}"; do kill -TERM "$p"; done
-  wait "${PIDS[@]:1}" 2>/dev/null || true
-  PIDS=("$POLL_PID")
+  for p in "${relays[@]}"; do kill -TERM "$p"; done
+  wait "${relays[@]}" 2>/dev/null || true
   awk -v n="$DRAIN_MESSAGES" -v s="$start" -v e="$end" 'BEGIN { printf "%.0f", n / (e - s) }'
 }
 source "$HERE/stats.sh"
