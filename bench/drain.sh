@@ -10,7 +10,10 @@
 # A key's messages are published one at a time, each after the broker confirmed the one before,
 # so a backlog can have at most as many messages in flight as it has keys: with 200 keys four
 # relays share 200 messages in flight, where four hand-written relays, which keep no order, have
-# 400. 2000 keys is a backlog of many entities, as an outbox of orders or accounts has.
+# 400. 2000 keys is a backlog of many entities, as an outbox of orders or accounts has. Where the
+# keys are fewer than the relays' batches hold, each round also times the hand-written relays with
+# batches of KEYS / RELAYS, so that they too have at most KEYS messages in flight: an informational
+# row that separates what ordering costs (fewer messages in flight) from what the relay costs.
 #
 #   DRAIN_MESSAGES (default 20000), DRAIN_KEYS (default "200 2000"), DRAIN_ROUNDS (default 3);
 #   AMQP_URL etc.: see bench/relays.sh
@@ -43,7 +46,7 @@ pending() {  # pending ext|hand
   read -r n <&"${POLL[0]}"
   echo "$n"
 }
-drain() {  # drain ext|hand RELAYS KEYS: prints messages per second
+drain() {  # drain ext|hand RELAYS KEYS [HAND_BATCH]: prints messages per second
   local start end i relays=()
   fill "$1" "$3"
   start=$(date +%s.%N)
@@ -52,7 +55,7 @@ drain() {  # drain ext|hand RELAYS KEYS: prints messages per second
       "$BIN/idempotency-relay" --database-url "$DATABASE_URL" --amqp-url "$AMQP_URL" --route "$QUEUE=rabbitmq" \
         --batch-size $BATCH --log-every-s 3600 2>/dev/null &
     else
-      "$BIN/examples/hand_relay" "$DATABASE_URL" "$AMQP_URL" $BATCH &
+      "$BIN/examples/hand_relay" "$DATABASE_URL" "$AMQP_URL" "${4:-$BATCH}" &
     fi
     relays+=($!)
   done
@@ -67,15 +70,25 @@ source "$HERE/stats.sh"
 echo "-- drain to RabbitMQ: $DRAIN_MESSAGES messages over $DRAIN_KEYS ordering keys, batches of $BATCH, publisher confirms, $DRAIN_ROUNDS alternating rounds --"
 for keys in $DRAIN_KEYS; do
   for relays in 1 4; do
-    ext_rates='' hand_rates='' ratios=''
+    ext_rates='' hand_rates='' ratios='' equal_rates='' equal_ratios=''
+    equal=$((keys < relays * BATCH ? keys / relays : 0))
     for ((r = 1; r <= DRAIN_ROUNDS; r++)); do
       e=$(drain ext $relays $keys); h=$(drain hand $relays $keys)
       ext_rates+=" $e" hand_rates+=" $h" ratios+=" $(awk -v a="$e" -v b="$h" 'BEGIN { printf "%.3f", a / b }')"
       echo "  $keys keys, $relays relay(s), round $r: idempotency-relay $e msg/s, hand-written SKIP LOCKED $h msg/s"
+      if ((equal > 0)); then
+        q=$(drain hand $relays $keys $equal)
+        equal_rates+=" $q" equal_ratios+=" $(awk -v a="$e" -v b="$q" 'BEGIN { printf "%.3f", a / b }')"
+        echo "  … hand-written with batches of $equal: $q msg/s"
+      fi
     done
     em=$(echo "$ext_rates" | median); hm=$(echo "$hand_rates" | median); rm_=$(echo "$ratios" | median)
     verdict=$(awk -v x="$rm_" 'BEGIN { print (x >= 1.0) ? "PASS" : "MISS" }')
     printf 'drain, %d keys, %d relay(s): idempotency-relay %.0f msg/s, hand %.0f msg/s, ratio %.2f (rounds:%s)   target >= 1.00   %s\n' \
       "$keys" "$relays" "$em" "$hm" "$rm_" "$ratios" "$verdict"
+    if ((equal > 0)); then
+      printf 'drain, %d keys, %d relay(s), as many in flight: idempotency-relay %.0f msg/s, hand with batches of %d %.0f msg/s, ratio %.2f (rounds:%s)\n' \
+        "$keys" "$relays" "$em" "$equal" "$(echo "$equal_rates" | median)" "$(echo "$equal_ratios" | median)" "$equal_ratios"
+    fi
   done
 done

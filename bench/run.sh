@@ -466,5 +466,6 @@ echo "$DRAIN_SUMMARY"
 # The drain and steady-load lines, as rows of the same file.
 printf '%s\n' "$DRAIN_SUMMARY" | sed -nE \
   -e 's/^drain, ([0-9]+) keys, ([0-9]+) relay\(s\): idempotency-relay ([0-9]+) msg\/s, hand ([0-9]+) msg\/s, ratio ([0-9.]+) .*target (>= [0-9.]+) +(PASS|MISS)$/drain, \1 keys, \2 relay(s)\t\3 msg\/s\t\5\t\6 x hand SKIP LOCKED (\4 msg\/s)\t\7/p' \
+  -e 's/^drain, ([0-9]+) keys, ([0-9]+) relay\(s\), as many in flight: idempotency-relay ([0-9]+) msg\/s, hand with batches of ([0-9]+) ([0-9]+) msg\/s, ratio ([0-9.]+) .*$/drain, \1 keys, \2 relay(s), as many in flight\t\3 msg\/s\t\6\tx hand SKIP LOCKED with batches of \4, at most \1 in flight as ordering allows (\5 msg\/s)\t/p' \
   -e 's/^steady: outbox size after the first ([0-9]+)s between ([0-9]+) and ([0-9]+) kB, largest \/ smallest ([0-9.]+) +target (<= [0-9.]+) +(PASS|MISS)$/steady outbox size\t\2–\3 kB\t\4\t\5 largest \/ smallest\t\6/p' \
   >> "$BENCH_TSV"

@@ -18,6 +18,9 @@ for what in 'idem_claim' 'idem_versioned_update' 'claim + insert + idem_send' 'c
   grep -qE "^\| $(printf '%s' "$what" | sed 's/[+.]/\\&/g') \| .*(✓|\*\*MISS\*\*)" "$work/out/report.md" || fail "no judged row '$what' in the report"
   grep -qF "| $what |" "$work/README.md" || fail "no row '$what' in the README's block"
 done
+# The drain's judged row, and beside it the hand relays held to as many messages in flight.
+grep -F '| drain, 200 keys, 4 relay(s) |' "$work/out/report.md" | grep -qE '✓|\*\*MISS\*\*' || fail "no judged drain row in the report"
+grep -qF '| drain, 200 keys, 4 relay(s), as many in flight | ' "$work/out/report.md" || fail "no row of the drain at as many messages in flight"
 grep -q "^- \*\*pg$major\*\*: PostgreSQL" "$work/README.md" || fail "the README's block does not say where it ran"
 grep -q '^old$' "$work/README.md" && fail "the README's old block is still there"
 grep -q '^after$' "$work/README.md" || fail "the README lost what follows the block"
