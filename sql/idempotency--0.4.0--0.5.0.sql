@@ -169,6 +169,14 @@ $$;
 COMMENT ON FUNCTION idem_scope_budget(text, bigint) IS
   'Sets (or, with NULL, removes) the row budget of a declared scope: idem_purge warns with ID005 while the scope holds more claims.';
 
+-- The check the senders make under a key's lock, for the relays' take to make too: one
+-- message, in one place.
+CREATE FUNCTION idempotency.require_ordered_numbering()
+RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'require_ordered_numbering_entry';
+COMMENT ON FUNCTION idempotency.require_ordered_numbering() IS
+  'Raises 55000 when idempotency.outbox_seq has a CACHE above 1, which would number one ordering key''s messages out of commit order.';
+
 -- idem_outbox_take reads each held key's followers through the pending index, up to the room
 -- left in the batch (#11): the same messages, in the same order, locked the same way.
 CREATE OR REPLACE FUNCTION idem_outbox_take(batch_size integer DEFAULT 100)
@@ -201,12 +209,7 @@ BEGIN
   END IF;
   -- A sequence that hands out cached blocks of values would number one key's messages out of
   -- commit order.
-  IF (SELECT q.seqcache FROM pg_catalog.pg_sequence AS q
-      WHERE q.seqrelid = 'idempotency.outbox_seq'::regclass) > 1 THEN
-    RAISE EXCEPTION USING ERRCODE = '55000',
-      MESSAGE = 'idempotency.outbox_seq has a CACHE above 1, which numbers messages out of commit order',
-      HINT = 'ALTER SEQUENCE idempotency.outbox_seq CACHE 1;';
-  END IF;
+  PERFORM idempotency.require_ordered_numbering();
   -- Messages without an ordering key, oldest first, up to half the batch (rounded down, so a
   -- batch of one goes to a key first): locked, skipping any another relay holds.
   keyless := ARRAY(

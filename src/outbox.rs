@@ -380,6 +380,16 @@ fn idem_outbox_retention() -> Interval {
 }
 
 #[pg_extern(sql = false)]
+fn require_ordered_numbering() {
+    finish(xact::require_ordered_numbering());
+}
+sqlstate_entry!(
+    require_ordered_numbering_entry,
+    pg_finfo_require_ordered_numbering_entry,
+    require_ordered_numbering_wrapper
+);
+
+#[pg_extern(sql = false)]
 fn require_transaction_block(what: Option<&str>) {
     if !xact::in_transaction_block() {
         let what = what.unwrap_or("this function");

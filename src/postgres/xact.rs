@@ -210,6 +210,25 @@ pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), IdemError> {
             sequence_cache(ffi::get_relname_relid(c"outbox_seq".as_ptr(), schema))
         })
     }?;
+    ordered_numbering(cache)
+}
+
+/// What a relay's take checks before it hands anything out: an `idempotency.outbox_seq` with
+/// a CACHE above 1 (55000) may have numbered one key's messages out of commit order, which
+/// the take must not pass on.
+pub fn require_ordered_numbering() -> Result<(), IdemError> {
+    // SAFETY: looks a schema up (raising 3F000 as SQL would) and reads a catalog row; it holds
+    // nothing with a destructor across them.
+    let cache = unsafe {
+        catch(|| {
+            let schema = ffi::get_namespace_oid(c"idempotency".as_ptr(), false);
+            sequence_cache(ffi::get_relname_relid(c"outbox_seq".as_ptr(), schema))
+        })
+    }?;
+    ordered_numbering(cache)
+}
+
+fn ordered_numbering(cache: i64) -> Result<(), IdemError> {
     if cache > 1 {
         return Err(IdemError::new(
             SqlState::ObjectNotInPrerequisiteState,
