@@ -177,6 +177,49 @@ AS 'MODULE_PATHNAME', 'require_ordered_numbering_entry';
 COMMENT ON FUNCTION idempotency.require_ordered_numbering() IS
   'Raises 55000 when idempotency.outbox_seq has a CACHE above 1, which would number one ordering key''s messages out of commit order.';
 
+-- A sequence that went back (RESTART, setval, a negative INCREMENT, CYCLE, a restore or a
+-- logical replica without it) would number a key's new message before its pending ones, and
+-- relays would hand it out first: a send with an ordering key and a requeue refuse that (55000).
+CREATE FUNCTION idempotency.require_numbered_last(id uuid)
+RETURNS void LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'require_numbered_last_entry';
+COMMENT ON FUNCTION idempotency.require_numbered_last(uuid) IS
+  'Raises 55000 when idempotency.outbox_seq numbered this pending message at or before another pending message of its ordering key.';
+
+CREATE OR REPLACE FUNCTION idem_outbox_requeue(id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  message idempotency.outbox;
+BEGIN
+  IF id IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'id must not be NULL';
+  END IF;
+  SELECT o.* INTO message FROM idempotency.outbox AS o
+  WHERE o.id = idem_outbox_requeue.id AND o.set_aside_at IS NOT NULL AND o.sent_at IS NULL;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  -- It joins the tail of its key as a new send would, under the key's lock and with a new
+  -- seq: back at its old place it would become the head of a key that a relay may hold.
+  IF message.ordering_key IS NOT NULL THEN
+    PERFORM idempotency.lock_ordering_key(message.ordering_key);
+  END IF;
+  UPDATE idempotency.outbox AS o
+     SET set_aside_at = NULL, attempts = 0, retry_at = NULL, seq = nextval('idempotency.outbox_seq')
+   WHERE o.id = idem_outbox_requeue.id AND o.set_aside_at IS NOT NULL AND o.sent_at IS NULL;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  IF message.ordering_key IS NOT NULL THEN
+    PERFORM idempotency.require_numbered_last(idem_outbox_requeue.id);
+  END IF;
+  RETURN true;
+END
+$$;
+
 -- idem_outbox_take reads each held key's followers through the pending index, up to the room
 -- left in the batch (#11): the same messages, in the same order, locked the same way.
 CREATE OR REPLACE FUNCTION idem_outbox_take(batch_size integer DEFAULT 100)

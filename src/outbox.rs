@@ -194,6 +194,48 @@ static SAME_MESSAGE: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
 };
 
+/// A pending message of the same ordering key numbered at or after this one: only a sequence
+/// that went back numbers so, since a sender draws its number under the key's lock, after
+/// every earlier sender of the key committed. Through the pending index, from this message's
+/// number on, which is where the key's pending messages end.
+static NUMBERED_AFTER: Statement = Statement {
+    // A subquery, not a join: its key and number are parameters of each probe, so they are
+    // always the pending index's bounds, where a join planned for the freshly truncated
+    // outbox's statistics read the whole index (5 ms at 13,000 pending messages).
+    sql: "SELECT m.seq, (SELECT e.seq FROM idempotency.outbox AS e \
+                         WHERE e.ordering_key OPERATOR(pg_catalog.=) m.ordering_key \
+                           AND e.seq OPERATOR(pg_catalog.>=) m.seq AND e.id OPERATOR(pg_catalog.<>) m.id \
+                           AND e.sent_at IS NULL AND e.set_aside_at IS NULL LIMIT 1) \
+          FROM idempotency.outbox AS m WHERE m.id OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::UUIDOID],
+};
+
+/// Refuses (55000) a message that `idempotency.outbox_seq` numbered at or before a pending
+/// message of its key: relays would hand it out first, though it committed last. A sequence
+/// goes back when it is restarted, set back with setval, given a negative INCREMENT or CYCLE,
+/// or left behind by a restore or a logical replica that did not carry it over. What the
+/// check reads is what the statement's snapshot sees, so under REPEATABLE READ a message of
+/// the key committed after the snapshot escapes it; the next send of the key then stops.
+fn require_numbered_last(id: Uuid) -> Result<()> {
+    // SAFETY: a uuid datum, alive for the call.
+    let args = [unsafe { DatumWithOid::new(id.into_datum().expect("a uuid datum"), pg_sys::UUIDOID) }];
+    let clash = NUMBERED_AFTER.run(&args, |rows| {
+        if rows.is_empty() {
+            return None;
+        }
+        Some((rows.get::<i64>(0, 1)?, rows.get::<i64>(0, 2)?))
+    })?;
+    let Some((seq, later)) = clash else { return Ok(()) };
+    Err(IdemError::new(
+        SqlState::ObjectNotInPrerequisiteState,
+        format!(
+            "idempotency.outbox_seq gave message {id} the number {seq}, not above {later}, which a pending message of its ordering key holds"
+        ),
+    )
+    .detail("The sequence went back (RESTART, setval, a negative INCREMENT, CYCLE, or a restore or logical replica that did not carry it over); relays would hand this message out before one that committed earlier.")
+    .hint("SELECT setval('idempotency.outbox_seq', (SELECT max(seq) FROM idempotency.outbox)); and keep its INCREMENT positive, without CYCLE."))
+}
+
 /// The claim the next derived id counts from, and how many messages it has sent.
 #[derive(Clone, Copy)]
 struct Sender {
@@ -305,6 +347,9 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
     // returns NULL, or a policy that hides it.
     for _ in 0..CONFLICT_TRIES {
         if insert_message(&row)? {
+            if message.ordering_key.is_some() {
+                require_numbered_last(id)?;
+            }
             return Ok(id);
         }
         let same = SAME_MESSAGE.run(&row.args()[..4], |rows| (!rows.is_empty()).then(|| rows.get::<bool>(0, 1)))?;
@@ -378,6 +423,12 @@ sqlstate_entry!(lock_ordering_key_entry, pg_finfo_lock_ordering_key_entry, order
 fn idem_outbox_retention() -> Interval {
     crate::retention::seconds_interval(OUTBOX_RETENTION.get())
 }
+
+#[pg_extern(sql = false)]
+fn numbered_last(id: Option<Uuid>) {
+    finish(required(id, "id").and_then(require_numbered_last));
+}
+sqlstate_entry!(require_numbered_last_entry, pg_finfo_require_numbered_last_entry, numbered_last_wrapper);
 
 #[pg_extern(sql = false)]
 fn require_ordered_numbering() {

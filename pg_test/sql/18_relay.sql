@@ -117,6 +117,29 @@ ALTER SEQUENCE idempotency.outbox_seq CACHE 20;
 SELECT sqlstate_of(format($$SELECT idem_outbox_requeue(%L)$$, :'requeue_id')) AS keyed_requeue;
 ROLLBACK;
 
+-- A sequence that went back (RESTART, setval, a negative INCREMENT, CYCLE, or a restore or
+-- logical replica that did not carry it over) would number a key's new message before its
+-- pending ones, and relays would hand it out first: a keyed send and a requeue refuse it; a
+-- key with nothing pending, and a message without a key, keep no order to break.
+BEGIN;
+SELECT idem_send('orders', '{"n": 1}', ordering_key => 'order-back', key => 'back-1') AS back_1 \gset
+SELECT idem_send('orders', '{"n": 2}', ordering_key => 'order-back', key => 'back-2') AS back_2 \gset
+SELECT setval('idempotency.outbox_seq', (SELECT min(seq) FROM idempotency.outbox WHERE ordering_key = 'order-back') - 1) IS NOT NULL AS set_back;
+-- (The message's id and the numbers, which depend on what ran before, are masked.)
+CREATE FUNCTION masked(text) RETURNS text LANGUAGE sql RETURN regexp_replace($1, '[0-9a-f]{8}-[0-9a-f-]{27}|(?<=number |above )[0-9]+', '…', 'g');
+SELECT masked(sqlstate_of($$SELECT idem_send('orders', '{"n": 3}', ordering_key => 'order-back', key => 'back-3')$$)) AS keyed_send_after_setval;
+SELECT idem_send('orders', '{"n": 1}', ordering_key => 'order-fresh', key => 'back-fresh') IS NOT NULL AS fresh_key_sends,
+       idem_send('audit', '{"n": 1}', key => 'back-unkeyed') IS NOT NULL AS unkeyed_sends;
+SELECT count(*) AS back_3_rows FROM idempotency.outbox WHERE id = idem_message_id('back-3', 'default', 0);
+-- The same for a requeue: set aside the key's first message, then move the sequence back.
+UPDATE idempotency.outbox SET set_aside_at = now() WHERE id = :'back_1';
+SELECT setval('idempotency.outbox_seq', (SELECT max(seq) FROM idempotency.outbox)) IS NOT NULL AS set_ahead;
+SELECT idem_outbox_requeue(:'back_1') AS requeued_at_the_tail;
+UPDATE idempotency.outbox SET set_aside_at = now() WHERE id = :'back_1';
+SELECT setval('idempotency.outbox_seq', 1) IS NOT NULL AS set_back_again;
+SELECT masked(sqlstate_of(format($$SELECT idem_outbox_requeue(%L)$$, :'back_1'))) AS requeue_after_setval;
+ROLLBACK;
+
 -- Bad arguments.
 BEGIN;
 SELECT sqlstate_of($$SELECT * FROM idem_outbox_take(0)$$);
