@@ -31,6 +31,7 @@ use std::cell::Cell;
 
 use crate::digest::{parse_key, uuid_v8, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
+use crate::postgres::role;
 use crate::postgres::spi::{Statement, CONFLICT_TRIES};
 use crate::postgres::write::{
     attnum, open_owned, ColumnDefault, DirectInsert, InsertPrivileges, PermissionCache, Shape,
@@ -216,15 +217,28 @@ static NUMBERED_AFTER: Statement = Statement {
 /// or left behind by a restore or a logical replica that did not carry it over. What the
 /// check reads is what the statement's snapshot sees, so under REPEATABLE READ a message of
 /// the key committed after the snapshot escapes it; the next send of the key then stops.
-fn require_numbered_last(id: Uuid) -> Result<()> {
+///
+/// A send reads as the outbox's owner: the statement it stands for needs no privilege beyond
+/// INSERT and SELECT on `id`, and the check must not ask for more. The SQL function that a
+/// requeue calls reads as its caller, who has read the message already: no role may call a
+/// function that reads the outbox with another role's rights.
+fn require_numbered_last(id: Uuid, as_owner: bool) -> Result<()> {
     // SAFETY: a uuid datum, alive for the call.
     let args = [unsafe { DatumWithOid::new(id.into_datum().expect("a uuid datum"), pg_sys::UUIDOID) }];
-    let clash = NUMBERED_AFTER.run(&args, |rows| {
-        if rows.is_empty() {
-            return None;
-        }
-        Some((rows.get::<i64>(0, 1)?, rows.get::<i64>(0, 2)?))
-    })?;
+    let probe = || {
+        NUMBERED_AFTER.run(&args, |rows| {
+            if rows.is_empty() {
+                return None;
+            }
+            Some((rows.get::<i64>(0, 1)?, rows.get::<i64>(0, 2)?))
+        })
+    };
+    let clash = if as_owner {
+        let owner = OUTBOX_OIDS.with(|oids| role::owner_of(c"idempotency", c"outbox", oids))?;
+        role::as_user(owner, probe)?
+    } else {
+        probe()?
+    };
     let Some((seq, later)) = clash else { return Ok(()) };
     Err(IdemError::new(
         SqlState::ObjectNotInPrerequisiteState,
@@ -348,7 +362,7 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
     for _ in 0..CONFLICT_TRIES {
         if insert_message(&row)? {
             if message.ordering_key.is_some() {
-                require_numbered_last(id)?;
+                require_numbered_last(id, true)?;
             }
             return Ok(id);
         }
@@ -426,7 +440,7 @@ fn idem_outbox_retention() -> Interval {
 
 #[pg_extern(sql = false)]
 fn numbered_last(id: Option<Uuid>) {
-    finish(required(id, "id").and_then(require_numbered_last));
+    finish(required(id, "id").and_then(|id| require_numbered_last(id, false)));
 }
 sqlstate_entry!(require_numbered_last_entry, pg_finfo_require_numbered_last_entry, numbered_last_wrapper);
 
