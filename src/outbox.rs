@@ -34,7 +34,7 @@ use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState
 use crate::postgres::role;
 use crate::postgres::spi::{Statement, CONFLICT_TRIES};
 use crate::postgres::write::{
-    attnum, open_owned, ColumnDefault, DirectInsert, InsertPrivileges, PermissionCache, Shape,
+    attnum, open_owned, ColumnDefault, DirectInsert, IndexShape, InsertPrivileges, PermissionCache, Shape,
 };
 use crate::postgres::xact::{self, TransactionLocal};
 use crate::postgres::{catch, ffi};
@@ -67,11 +67,20 @@ static OUTBOX_SHAPE: Shape = Shape {
 const SEQ: usize = 0;
 const ID: usize = 1;
 const CREATED_AT: usize = 2;
+const SET_ASIDE_AT: usize = 4;
+const SENT_AT: usize = 5;
 const ATTEMPTS: usize = 6;
 const TOPIC: usize = 7;
 const ORDERING_KEY: usize = 8;
 const PAYLOAD: usize = 9;
 const HEADERS: usize = 10;
+
+/// The pending index as sql/ makes it (outbox_pending): a probe of it finds exactly what
+/// NUMBERED_AFTER's subquery selects.
+static PENDING: IndexShape = IndexShape {
+    columns: &[(attnum(ORDERING_KEY), pg_sys::TEXT_BTREE_FAM_OID), (attnum(SEQ), pg_sys::INTEGER_BTREE_FAM_OID)],
+    null_columns: &[attnum(SENT_AT), attnum(SET_ASIDE_AT)],
+};
 
 /// INSERT_MESSAGE's privileges.
 const SEND_PRIVILEGES: [InsertPrivileges; 1] = [InsertPrivileges {
@@ -143,9 +152,10 @@ impl Outbox {
     }
 
     /// INSERT_MESSAGE's steps after its privilege checks: the next seq (nextval's own
-    /// privilege check included), then the row unless its id is present. None where the
-    /// statement must decide ([`crate::postgres::write::Insert::ToStatement`]).
-    fn insert(&self, row: &Row) -> Result<Option<bool>> {
+    /// privilege check included), then the row unless its id is present, and for a keyed
+    /// message the numbering check. None where the statement must decide
+    /// ([`crate::postgres::write::Insert::ToStatement`]).
+    fn insert(&self, row: &Row) -> Result<Option<Sent>> {
         // SAFETY: nextval(regclass), the statement's own function, raises (no privilege, a
         // read-only transaction, the sequence exhausted) inside catch.
         let seq = unsafe {
@@ -162,7 +172,25 @@ impl Outbox {
             (values[PAYLOAD], nulls[PAYLOAD]) = (row.payload, false);
             (values[HEADERS], nulls[HEADERS]) = optional(row.headers);
         })?;
-        Ok(inserted.decided())
+        let numbering = match (inserted.decided(), row.ordering_key) {
+            (Some(false), _) => return Ok(Some(Sent::Present)),
+            (None, _) => return Ok(None),
+            (Some(true), None) => Numbering::Last,
+            (Some(true), Some(key)) => {
+                let bounds = [
+                    (pg_sys::BTEqualStrategyNumber as u16, key),
+                    (pg_sys::BTGreaterEqualStrategyNumber as u16, pg_sys::Datum::from(seq)),
+                ];
+                let later =
+                    self.insert.probe(&PENDING, &bounds, |other| Some(other.value(attnum(SEQ)).0.value() as i64))?;
+                match later {
+                    Some(Some(later)) => Numbering::After { seq, later },
+                    Some(None) => Numbering::Last,
+                    None => Numbering::Unknown,
+                }
+            }
+        };
+        Ok(Some(Sent::Inserted(numbering)))
     }
 
     fn finish(self) -> Result<()> {
@@ -170,18 +198,50 @@ impl Outbox {
     }
 }
 
-/// INSERT_MESSAGE, directly where the outbox allows it; true when it inserted the row.
-fn insert_message(row: &Row) -> Result<bool> {
+/// What a send's INSERT did.
+enum Sent {
+    /// A message with its id was there already; nothing was written.
+    Present,
+    Inserted(Numbering),
+}
+
+/// Where a new message's number stands among the pending messages of its ordering key.
+enum Numbering {
+    /// After all of them (or the message has no key).
+    Last,
+    /// At or before `later`, which a pending message of the key holds (see NUMBERED_AFTER).
+    After { seq: i64, later: i64 },
+    /// Not checked yet: NUMBERED_AFTER decides.
+    Unknown,
+}
+
+impl Numbering {
+    fn require_last(self, id: Uuid) -> Result<()> {
+        match self {
+            Numbering::Last => Ok(()),
+            Numbering::After { seq, later } => Err(numbered_before(id, seq, later)),
+            Numbering::Unknown => require_numbered_last(id, true),
+        }
+    }
+}
+
+/// INSERT_MESSAGE, directly where the outbox allows it.
+fn insert_message(row: &Row) -> Result<Sent> {
     if let Some(outbox) = Outbox::open()? {
-        let inserted = outbox.insert(row)?;
+        let sent = outbox.insert(row)?;
         outbox.finish()?;
         // Where the statement decides, it draws its own seq: the one drawn here is a gap,
         // as a rolled-back send leaves one.
-        if let Some(inserted) = inserted {
-            return Ok(inserted);
+        if let Some(sent) = sent {
+            return Ok(sent);
         }
     }
-    Ok(INSERT_MESSAGE.run(&row.args(), |rows| rows.len() == 1)?)
+    let inserted = INSERT_MESSAGE.run(&row.args(), |rows| rows.len() == 1)?;
+    Ok(match (inserted, row.ordering_key) {
+        (false, _) => Sent::Present,
+        (true, None) => Sent::Inserted(Numbering::Last),
+        (true, Some(_)) => Sent::Inserted(Numbering::Unknown),
+    })
 }
 
 /// Whether the stored message with this id is the same message: topic, ordering key and
@@ -198,7 +258,8 @@ static SAME_MESSAGE: Statement = Statement {
 /// A pending message of the same ordering key numbered at or after this one: only a sequence
 /// that went back numbers so, since a sender draws its number under the key's lock, after
 /// every earlier sender of the key committed. Through the pending index, from this message's
-/// number on, which is where the key's pending messages end.
+/// number on, which is where the key's pending messages end. A direct send probes that index
+/// itself ([`DirectInsert::probe`]) while it is the one sql/ made.
 static NUMBERED_AFTER: Statement = Statement {
     // A subquery, not a join: its key and number are parameters of each probe, so they are
     // always the pending index's bounds, where a join planned for the freshly truncated
@@ -239,15 +300,21 @@ fn require_numbered_last(id: Uuid, as_owner: bool) -> Result<()> {
     } else {
         probe()?
     };
-    let Some((seq, later)) = clash else { return Ok(()) };
-    Err(IdemError::new(
+    match clash {
+        Some((seq, later)) => Err(numbered_before(id, seq, later)),
+        None => Ok(()),
+    }
+}
+
+fn numbered_before(id: Uuid, seq: i64, later: i64) -> IdemError {
+    IdemError::new(
         SqlState::ObjectNotInPrerequisiteState,
         format!(
             "idempotency.outbox_seq gave message {id} the number {seq}, not above {later}, which a pending message of its ordering key holds"
         ),
     )
     .detail("The sequence went back (RESTART, setval, a negative INCREMENT, CYCLE, or a restore or logical replica that did not carry it over); relays would hand this message out before one that committed earlier.")
-    .hint("SELECT setval('idempotency.outbox_seq', (SELECT max(seq) FROM idempotency.outbox)); and keep its INCREMENT positive, without CYCLE."))
+    .hint("SELECT setval('idempotency.outbox_seq', (SELECT max(seq) FROM idempotency.outbox)); and keep its INCREMENT positive, without CYCLE.")
 }
 
 /// The claim the next derived id counts from, and how many messages it has sent.
@@ -360,10 +427,8 @@ fn send(message: Message, key: Option<&str>) -> Result<Uuid> {
     // inserted nor readable, every time, ends the tries: a BEFORE trigger of the DBA's that
     // returns NULL, or a policy that hides it.
     for _ in 0..CONFLICT_TRIES {
-        if insert_message(&row)? {
-            if message.ordering_key.is_some() {
-                require_numbered_last(id, true)?;
-            }
+        if let Sent::Inserted(numbering) = insert_message(&row)? {
+            numbering.require_last(id)?;
             return Ok(id);
         }
         let same = SAME_MESSAGE.run(&row.args()[..4], |rows| (!rows.is_empty()).then(|| rows.get::<bool>(0, 1)))?;

@@ -543,10 +543,7 @@ impl FoundRow {
 
     /// Column `attnum` of the row, and whether it is NULL.
     pub fn value(&self, attnum: i16) -> (pg_sys::Datum, bool) {
-        let mut null = false;
-        // SAFETY: the slot holds a row of the table; deforming a stored row raises nothing.
-        let value = unsafe { ffi::slot_getattr(self.slot, i32::from(attnum), &mut null) };
-        (value, null)
+        slot_value(self.slot, attnum)
     }
 
     /// Whether every key column still equals its given value, after a recheck.
@@ -1066,6 +1063,88 @@ impl PermissionCache {
     }
 }
 
+/// What an index must be for a scan of it to stand for a query's WHERE on the same columns:
+/// a valid btree whose keys are `columns`, in order, each compared by the operator family
+/// given with it (its type's default one, which holds the `=`, `<` and `>=` a query uses) and
+/// the column's own collation, with no expression and with the predicate `column IS NULL`
+/// for exactly the `null_columns`. Its entries are then the rows that predicate selects: an
+/// update of a column a predicate reads is never HOT, so a row reached through an entry
+/// still satisfies it.
+pub struct IndexShape {
+    /// (attnum, operator family)
+    pub columns: &'static [(i16, pg_sys::Oid)],
+    pub null_columns: &'static [i16],
+}
+
+impl IndexShape {
+    /// Unguarded: reads the catalog's caches.
+    unsafe fn fits(&self, rel: pg_sys::Relation, index: pg_sys::Relation, info: &pg_sys::IndexInfo) -> bool {
+        let form = &*(*index).rd_index;
+        let keys = &info.ii_IndexAttrNumbers[..info.ii_NumIndexKeyAttrs as usize];
+        let attributes = attributes(rel);
+        (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+            && form.indisvalid
+            // An index built over broken HOT chains misses rows older snapshots still see:
+            // the planner uses it only in transactions younger than it (get_relation_info).
+            && (!form.indcheckxmin
+                || pg_sys::TransactionIdPrecedes(
+                    pg_sys::HeapTupleHeaderGetXmin((*(*index).rd_indextuple).t_data),
+                    pg_sys::TransactionXmin,
+                ))
+            && info.ii_Expressions.is_null()
+            && keys.len() == self.columns.len()
+            && self.columns.iter().enumerate().all(|(i, &(attnum, family))| {
+                keys[i] == attnum
+                    && *(*index).rd_opfamily.add(i) == family
+                    && *(*index).rd_indcollation.add(i) == attributes[attnum as usize - 1].attcollation
+            })
+            && self.predicate_fits(info.ii_Predicate)
+    }
+
+    /// Whether an index predicate (its implicitly ANDed clauses) is `column IS NULL` for each
+    /// of the null columns, once each, and nothing else.
+    unsafe fn predicate_fits(&self, predicate: *mut pg_sys::List) -> bool {
+        let clauses = pgrx::PgList::<pg_sys::Node>::from_pg(predicate);
+        let mut tested: Vec<i16> = clauses
+            .iter_ptr()
+            .filter_map(|clause| {
+                if (*clause).type_ != pg_sys::NodeTag::T_NullTest {
+                    return None;
+                }
+                let test = &*clause.cast::<pg_sys::NullTest>();
+                let var = test.arg.cast::<pg_sys::Var>();
+                (test.nulltesttype == pg_sys::NullTestType::IS_NULL
+                    && !test.argisrow
+                    && (*var).xpr.type_ == pg_sys::NodeTag::T_Var
+                    && (*var).varlevelsup == 0)
+                    .then_some((*var).varattno)
+            })
+            .collect();
+        tested.sort_unstable();
+        let mut wanted = self.null_columns.to_vec();
+        wanted.sort_unstable();
+        clauses.len() == tested.len() && tested == wanted
+    }
+}
+
+/// A row an index scan found, valid until the scan moves on.
+pub struct ScannedRow(*mut pg_sys::TupleTableSlot);
+
+impl ScannedRow {
+    /// Column `attnum` of the row, and whether it is NULL.
+    pub fn value(&self, attnum: i16) -> (pg_sys::Datum, bool) {
+        slot_value(self.0, attnum)
+    }
+}
+
+/// Column `attnum` of the row in `slot`, and whether it is NULL.
+fn slot_value(slot: *mut pg_sys::TupleTableSlot, attnum: i16) -> (pg_sys::Datum, bool) {
+    let mut null = false;
+    // SAFETY: the slot holds a row of the table; deforming a stored row raises nothing.
+    let value = unsafe { ffi::slot_getattr(slot, i32::from(attnum), &mut null) };
+    (value, null)
+}
+
 /// An extension-owned table opened for `INSERT … ON CONFLICT (arbiter) DO NOTHING` of one
 /// row at a time without SPI; the statement stays the way in whenever the table is not plain
 /// ([`is_plain`]) or not of its [`Shape`].
@@ -1107,6 +1186,73 @@ impl DirectInsert {
         let row = target.virtual_slot();
         let scratch = target.table_slot();
         Ok(Some(DirectInsert { target, defaults: shape.defaults, row, scratch, arbiters }))
+    }
+
+    /// The first row, in index order, that the table's index of `shape` holds within `bounds`
+    /// (one per index column: a btree strategy and a value of the column's type, compared by
+    /// the index's own operators), other than the row this insert wrote, and that `take`
+    /// takes, as a query run now would see the rows (a new statement snapshot). Ok(None) when
+    /// the table has no such index, and the caller runs its query instead.
+    pub fn probe<R>(
+        &self,
+        shape: &IndexShape,
+        bounds: &[(u16, pg_sys::Datum)],
+        mut take: impl FnMut(&ScannedRow) -> Option<R>,
+    ) -> Result<Option<Option<R>>> {
+        let target = &self.target;
+        // SAFETY: ExecOpenIndices filled the arrays with ri_NumIndices open indexes; the slot
+        // is the table's, free once the insert is done; each bound is of its column's type.
+        unsafe {
+            let rri = &*target.rri;
+            let found = catch(|| {
+                (0..rri.ri_NumIndices as usize).find(|&i| {
+                    shape.fits(target.rel, *rri.ri_IndexRelationDescs.add(i), &**rri.ri_IndexRelationInfo.add(i))
+                })
+            })?;
+            let Some(index) = found.map(|i| *rri.ri_IndexRelationDescs.add(i)) else { return Ok(None) };
+            let mut scan_keys =
+                [const { std::mem::MaybeUninit::<pg_sys::ScanKeyData>::uninit() }; pg_sys::INDEX_MAX_KEYS as usize];
+            let snapshot = catch(|| StatementSnapshot::take())?;
+            let found = catch(|| {
+                for (column, (scan_key, &(strategy, value))) in scan_keys.iter_mut().zip(bounds).enumerate() {
+                    let family = *(*index).rd_opfamily.add(column);
+                    let input = *(*index).rd_opcintype.add(column);
+                    let operator = ffi::get_opfamily_member(family, input, input, strategy as i16);
+                    ffi::ScanKeyEntryInitialize(
+                        scan_key.as_mut_ptr(),
+                        0,
+                        column as i16 + 1,
+                        strategy,
+                        pg_sys::InvalidOid,
+                        *(*index).rd_indcollation.add(column),
+                        ffi::get_opcode(operator),
+                        value,
+                    );
+                }
+                let scan = version::begin_index_scan(target.rel, index, snapshot.get(), bounds.len() as i32);
+                ffi::index_rescan(scan, scan_keys.as_mut_ptr().cast(), bounds.len() as i32, ptr::null_mut(), 0);
+                let row = ScannedRow(self.scratch);
+                let written = &raw mut (*self.row).tts_tid;
+                let found = loop {
+                    let tid = ffi::index_getnext_tid(scan, pg_sys::ScanDirection::ForwardScanDirection);
+                    if tid.is_null() {
+                        break None;
+                    }
+                    // The written row is skipped by its index entry, without reading it.
+                    if ffi::ItemPointerEquals(tid, written) || !ffi::index_fetch_heap(scan, self.scratch) {
+                        continue;
+                    }
+                    if let Some(found) = take(&row) {
+                        break Some(found);
+                    }
+                };
+                ffi::index_endscan(scan);
+                ffi::ExecClearTuple(self.scratch);
+                found
+            })?;
+            snapshot.release();
+            Ok(Some(found))
+        }
     }
 
     /// Inserts the row `fill` sets (every column starts NULL, or with its default where the
