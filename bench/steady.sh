@@ -42,8 +42,10 @@ PIDS+=($!)
 samples=''
 for ((t = 10; t <= STEADY_SECONDS; t += 10)); do
   sleep 10
-  IFS='|' read -r bytes rows pending <<<"$(sql -c "SELECT pg_total_relation_size('idempotency.outbox'), (SELECT count(*) FROM idempotency.outbox), (SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL)")"
-  printf '  t=%4ds  outbox %8.1f kB, %6d rows, %5d pending\n' "$t" "$(awk -v b="$bytes" 'BEGIN { print b / 1024 }')" "$rows" "$pending"
+  # The parts, so that a size that moves says which of them moved.
+  IFS='|' read -r bytes heap pkey pending_index rows pending <<<"$(sql -c "SELECT pg_total_relation_size('idempotency.outbox'), pg_relation_size('idempotency.outbox') / 1024, pg_relation_size('idempotency.outbox_pkey') / 1024, pg_relation_size('idempotency.outbox_pending') / 1024, (SELECT count(*) FROM idempotency.outbox), (SELECT count(*) FROM idempotency.outbox WHERE sent_at IS NULL)")"
+  printf '  t=%4ds  outbox %8.1f kB (heap %d, outbox_pkey %d, outbox_pending %d), %6d rows, %5d pending\n' \
+    "$t" "$(awk -v b="$bytes" 'BEGIN { print b / 1024 }')" "$heap" "$pkey" "$pending_index" "$rows" "$pending"
   [ "$t" -gt "$WARMUP" ] && samples+=" $bytes"
 done
 echo "$samples" | tr ' ' '\n' | { grep -v '^$' || true; } | awk -v warm="$WARMUP" '
