@@ -255,7 +255,8 @@ static SAME_MESSAGE: Statement = Statement {
     args: &[pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
 };
 
-/// A pending message of the same ordering key numbered at or after this one: only a sequence
+/// The first pending message of the same ordering key numbered at or after this one (first
+/// by number, so that the error names the same one whichever way it was found): only a sequence
 /// that went back numbers so, since a sender draws its number under the key's lock, after
 /// every earlier sender of the key committed. Through the pending index, from this message's
 /// number on, which is where the key's pending messages end. A direct send probes that index
@@ -267,7 +268,8 @@ static NUMBERED_AFTER: Statement = Statement {
     sql: "SELECT m.seq, (SELECT e.seq FROM idempotency.outbox AS e \
                          WHERE e.ordering_key OPERATOR(pg_catalog.=) m.ordering_key \
                            AND e.seq OPERATOR(pg_catalog.>=) m.seq AND e.id OPERATOR(pg_catalog.<>) m.id \
-                           AND e.sent_at IS NULL AND e.set_aside_at IS NULL LIMIT 1) \
+                           AND e.sent_at IS NULL AND e.set_aside_at IS NULL \
+                         ORDER BY e.seq LIMIT 1) \
           FROM idempotency.outbox AS m WHERE m.id OPERATOR(pg_catalog.=) $1",
     args: &[pg_sys::UUIDOID],
 };

@@ -1064,7 +1064,8 @@ impl PermissionCache {
 }
 
 /// What an index must be for a scan of it to stand for a query's WHERE on the same columns:
-/// a valid btree whose keys are `columns`, in order, each compared by the operator family
+/// a valid btree whose keys are `columns`, in order, each ascending with NULLs last (so a scan
+/// meets rows in the order a query's ORDER BY on them gives), compared by the operator family
 /// given with it (its type's default one, which holds the `=`, `<` and `>=` a query uses) and
 /// the column's own collation, with no expression and with the predicate `column IS NULL`
 /// for exactly the `null_columns`. Its entries are then the rows that predicate selects: an
@@ -1088,13 +1089,14 @@ impl IndexShape {
             // the planner uses it only in transactions younger than it (get_relation_info).
             && (!form.indcheckxmin
                 || pg_sys::TransactionIdPrecedes(
-                    pg_sys::HeapTupleHeaderGetXmin((*(*index).rd_indextuple).t_data),
+                    pg_sys::submodules::htup::HeapTupleHeaderGetXmin((*(*index).rd_indextuple).t_data),
                     pg_sys::TransactionXmin,
                 ))
             && info.ii_Expressions.is_null()
             && keys.len() == self.columns.len()
             && self.columns.iter().enumerate().all(|(i, &(attnum, family))| {
                 keys[i] == attnum
+                    && *(*index).rd_indoption.add(i) == 0
                     && *(*index).rd_opfamily.add(i) == family
                     && *(*index).rd_indcollation.add(i) == attributes[attnum as usize - 1].attcollation
             })
