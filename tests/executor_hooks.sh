@@ -61,6 +61,32 @@ session_all=$(audited "SET pgaudit.log = 'all, -misc';")
 expect_audit "$session_all" "SESSION,1,[0-9]+,WRITE,INSERT,,,\"?INSERT INTO idempotency.ledger"
 echo "executor hooks: pgaudit logs direct writes (object) and, with session logging of WRITE, their statements"
 
+# A keyed send checks its number with a read of the outbox, which a direct send makes itself
+# while nothing watches reads: pgaudit logs that read alike with direct writes on and off.
+# (Its write is logged with the statement that called it where it is direct, as above.)
+read_lines() {  # read_lines SETTINGS DIRECT: a keyed send's AUDIT lines of reads, without their counters
+  run <<SQL | grep 'AUDIT:.*,READ,' | sed -E 's/^.*AUDIT: (SESSION|OBJECT),[0-9]+,[0-9]+,/\1,/' || true
+SET pgaudit.log_client = on;
+SET pgaudit.log_level = notice;
+SET idempotency.direct_writes = $2;
+$1
+SELECT idem_send('audited', '{"n": 1}', ordering_key => 'audited-key', key => 'audited-send-' || nextval('audited_positions')) IS NOT NULL;
+SQL
+}
+run >/dev/null <<<"GRANT SELECT ON idempotency.outbox TO auditor;"
+for settings in "SET pgaudit.log = 'read';" "SET pgaudit.role = 'auditor';"; do
+  direct=$(read_lines "$settings" on)
+  statement=$(read_lines "$settings" off)
+  grep -q 'READ,SELECT,.*idempotency.outbox' <<<"$statement" \
+    || fail "$settings: pgaudit did not log the numbering check's read of the outbox: $statement"
+  [ "$direct" = "$statement" ] || fail "$settings: pgaudit logged a keyed send otherwise with direct writes on:
+$direct
+and off:
+$statement"
+done
+run >/dev/null <<<"REVOKE SELECT ON idempotency.outbox FROM auditor;"
+echo "executor hooks: pgaudit logs a keyed send's numbering check alike with direct writes on and off"
+
 # The nested INSERT appears in pg_stat_statements only when the statement path ran.
 nested() {  # nested TRACK: how many times pg_stat_statements saw the claim's own INSERT
   run <<SQL | tail -1

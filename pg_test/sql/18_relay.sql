@@ -173,6 +173,19 @@ SELECT setval('idempotency.outbox_seq', (SELECT seq FROM idempotency.outbox WHER
 SELECT masked(sqlstate_of($$SELECT idem_send('orders', '{"n": 2}', ordering_key => 'order-rebuilt', key => 'rebuilt-2')$$)) AS without_the_index;
 ROLLBACK;
 
+-- The check reads as the outbox's owner. An owner that cannot read it (a DBA gave the table
+-- to a role without USAGE on the schema, or revoked its SELECT) fails a keyed send with 42501
+-- whichever way the row was written; a message without a key needs no check.
+BEGIN;
+CREATE ROLE idem_regress_outbox_owner NOLOGIN;
+ALTER TABLE idempotency.outbox OWNER TO idem_regress_outbox_owner;
+SELECT sqlstate_of($$SELECT idem_send('orders', '{"n": 1}', ordering_key => 'order-owner', key => 'owner-1')$$) AS owner_without_usage;
+GRANT USAGE ON SCHEMA idempotency TO idem_regress_outbox_owner;
+REVOKE SELECT ON idempotency.outbox FROM idem_regress_outbox_owner;
+SELECT sqlstate_of($$SELECT idem_send('orders', '{"n": 2}', ordering_key => 'order-owner', key => 'owner-2')$$) AS owner_without_select;
+SELECT idem_send('audit', '{"n": 3}', key => 'owner-3') IS NOT NULL AS unkeyed_sends;
+ROLLBACK;
+
 -- Bad arguments.
 BEGIN;
 SELECT sqlstate_of($$SELECT * FROM idem_outbox_take(0)$$);

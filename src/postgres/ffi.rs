@@ -47,9 +47,8 @@ unguarded! {
     fn index_rescan(scan: IndexScanDesc, keys: ScanKey, nkeys: ::core::ffi::c_int, orderbys: ScanKey, norderbys: ::core::ffi::c_int);
     fn index_getnext_slot(scan: IndexScanDesc, direction: ScanDirection::Type, slot: *mut TupleTableSlot) -> bool;
     fn index_endscan(scan: IndexScanDesc);
-    fn index_getnext_tid(scan: IndexScanDesc, direction: ScanDirection::Type) -> ItemPointer;
-    fn index_fetch_heap(scan: IndexScanDesc, slot: *mut TupleTableSlot) -> bool;
     fn ItemPointerEquals(pointer1: ItemPointer, pointer2: ItemPointer) -> bool;
+    fn superuser_arg(roleid: Oid) -> bool;
     fn ScanKeyEntryInitialize(entry: ScanKey, flags: ::core::ffi::c_int, attributeNumber: AttrNumber, strategy: StrategyNumber, subtype: Oid, collation: Oid, procedure: RegProcedure, argument: Datum);
     fn get_opfamily_member(opfamily: Oid, lefttype: Oid, righttype: Oid, strategy: int16) -> Oid;
     fn get_opcode(opno: Oid) -> RegProcedure;

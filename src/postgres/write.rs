@@ -48,6 +48,11 @@ pub fn define_settings() {
     );
 }
 
+thread_local! {
+    static AUDIT: Setting = const { Setting::new(c"pgaudit.log") };
+    static AUDIT_ROLE: Setting = const { Setting::new(c"pgaudit.role") };
+}
+
 /// Whether writes may skip the executor at all. A direct write never runs ExecutorStart or
 /// ExecutorEnd, so the extensions that hook those to record nested statements would not see
 /// it: while pg_stat_statements tracks all statements, auto_explain logs nested ones, or
@@ -60,7 +65,6 @@ pub fn direct_allowed() -> bool {
         static TRACK: Setting = const { Setting::new(c"pg_stat_statements.track") };
         static NESTED: Setting = const { Setting::new(c"auto_explain.log_nested_statements") };
         static MIN_DURATION: Setting = const { Setting::new(c"auto_explain.log_min_duration") };
-        static AUDIT: Setting = const { Setting::new(c"pgaudit.log") };
     }
     DIRECT_WRITES.get()
         // In a parallel worker, or a leader running one, the statement refuses to write
@@ -71,20 +75,37 @@ pub fn direct_allowed() -> bool {
         // auto_explain logs a nested statement when it logs nested ones at all and its
         // minimum duration (in ms; -1 switches it off) is not negative.
         && !(NESTED.with(Setting::boolean) == Some(true) && MIN_DURATION.with(Setting::integer).is_some_and(|ms| ms >= 0))
-        && !AUDIT.with(|s| s.string().is_some_and(|classes| audits_writes(classes.to_bytes())))
+        && !audited(b"write")
 }
 
-/// Whether a pgaudit.log value ("write, ddl", "all, -misc") includes the WRITE class: the
-/// classes are read left to right, case-insensitively; "all" adds every class and "-class"
-/// removes one.
-fn audits_writes(classes: &[u8]) -> bool {
-    classes.split(|&b| b == b',').map(<[u8]>::trim_ascii).fold(false, |writes, class| {
-        if class.eq_ignore_ascii_case(b"all") || class.eq_ignore_ascii_case(b"write") {
-            true
-        } else if class.eq_ignore_ascii_case(b"-all") || class.eq_ignore_ascii_case(b"-write") {
-            false
-        } else {
-            writes
+/// Whether a read of an extension-owned table may skip its statement too: what
+/// [`direct_allowed`] asks, and besides, no one watches reads. pgaudit logs a read through
+/// its READ class, and through its object logging (pgaudit.role) from its permission-check
+/// hook; any other ExecutorCheckPerms_hook (sepgsql's, say) is not known to let a read pass
+/// unseen, so it keeps the statement. (A write calls that hook on both paths.)
+pub fn direct_read_allowed() -> bool {
+    let audit_loaded = AUDIT.with(|s| s.string().is_some());
+    // SAFETY: reads a backend-local function pointer, copied.
+    let check_perms_hook = unsafe { pg_sys::ExecutorCheckPerms_hook };
+    direct_allowed()
+        && (check_perms_hook.is_none() || audit_loaded)
+        && !audited(b"read")
+        && AUDIT_ROLE.with(|s| s.string().is_none_or(|role| role.is_empty()))
+}
+
+/// Whether pgaudit is loaded and its pgaudit.log includes `class`.
+fn audited(class: &[u8]) -> bool {
+    AUDIT.with(|s| s.string().is_some_and(|classes| audits(classes.to_bytes(), class)))
+}
+
+/// Whether a pgaudit.log value ("write, ddl", "all, -misc") includes `class`: the classes are
+/// read left to right, case-insensitively; "all" adds every class and "-class" removes one.
+fn audits(classes: &[u8], wanted: &[u8]) -> bool {
+    classes.split(|&b| b == b',').map(<[u8]>::trim_ascii).fold(false, |audited, class| {
+        let removed = class.strip_prefix(b"-");
+        match removed.unwrap_or(class) {
+            c if c.eq_ignore_ascii_case(b"all") || c.eq_ignore_ascii_case(wanted) => removed.is_none(),
+            _ => audited,
         }
     })
 }
@@ -1193,8 +1214,14 @@ impl DirectInsert {
     /// The first row, in index order, that the table's index of `shape` holds within `bounds`
     /// (one per index column: a btree strategy and a value of the column's type, compared by
     /// the index's own operators), other than the row this insert wrote, and that `take`
-    /// takes, as a query run now would see the rows (a new statement snapshot). Ok(None) when
-    /// the table has no such index, and the caller runs its query instead.
+    /// takes: what the caller's query, run now as the table's owner, would find through that
+    /// index, with its snapshot, reads and statistics. Ok(None), and the caller runs its
+    /// query, where the two could be told apart:
+    /// - the table has no index of the shape;
+    /// - the owner is not a superuser: the query checks the owner's privileges (USAGE on the
+    ///   schema, SELECT on the columns), which a superuser always has;
+    /// - something watches reads ([`direct_read_allowed`]);
+    /// - SERIALIZABLE: the query's predicate locks follow its plan.
     pub fn probe<R>(
         &self,
         shape: &IndexShape,
@@ -1207,6 +1234,12 @@ impl DirectInsert {
         unsafe {
             let rri = &*target.rri;
             let found = catch(|| {
+                if !direct_read_allowed()
+                    || pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as i32
+                    || !ffi::superuser_arg((*(*target.rel).rd_rel).relowner)
+                {
+                    return None;
+                }
                 (0..rri.ri_NumIndices as usize).find(|&i| {
                     shape.fits(target.rel, *rri.ri_IndexRelationDescs.add(i), &**rri.ri_IndexRelationInfo.add(i))
                 })
@@ -1236,12 +1269,11 @@ impl DirectInsert {
                 let row = ScannedRow(self.scratch);
                 let written = &raw mut (*self.row).tts_tid;
                 let found = loop {
-                    let tid = ffi::index_getnext_tid(scan, pg_sys::ScanDirection::ForwardScanDirection);
-                    if tid.is_null() {
+                    if !ffi::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, self.scratch) {
                         break None;
                     }
-                    // The written row is skipped by its index entry, without reading it.
-                    if ffi::ItemPointerEquals(tid, written) || !ffi::index_fetch_heap(scan, self.scratch) {
+                    // The written row is read, and passed over, as the query's filter does.
+                    if ffi::ItemPointerEquals(&raw mut (*self.scratch).tts_tid, written) {
                         continue;
                     }
                     if let Some(found) = take(&row) {
