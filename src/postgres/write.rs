@@ -78,17 +78,16 @@ pub fn direct_allowed() -> bool {
         && !audited(b"write")
 }
 
-/// Whether a read of an extension-owned table may skip its statement too: what
-/// [`direct_allowed`] asks, and besides, no one watches reads. pgaudit logs a read through
-/// its READ class, and through its object logging (pgaudit.role) from its permission-check
-/// hook; any other ExecutorCheckPerms_hook (sepgsql's, say) is not known to let a read pass
-/// unseen, so it keeps the statement. (A write calls that hook on both paths.)
-pub fn direct_read_allowed() -> bool {
+/// Whether no one watches reads, so that a direct write (which [`direct_allowed`] let through
+/// already) may also read its table without its statement. pgaudit logs a read through its
+/// READ class, and through its object logging (pgaudit.role) from its permission-check hook;
+/// any other ExecutorCheckPerms_hook (sepgsql's, say) is not known to let a read pass unseen,
+/// so it keeps the statement. (A write calls that hook on both paths.)
+fn reads_unwatched() -> bool {
     let audit_loaded = AUDIT.with(|s| s.string().is_some());
     // SAFETY: reads a backend-local function pointer, copied.
     let check_perms_hook = unsafe { pg_sys::ExecutorCheckPerms_hook };
-    direct_allowed()
-        && (check_perms_hook.is_none() || audit_loaded)
+    (check_perms_hook.is_none() || audit_loaded)
         && !audited(b"read")
         && AUDIT_ROLE.with(|s| s.string().is_none_or(|role| role.is_empty()))
 }
@@ -1220,7 +1219,7 @@ impl DirectInsert {
     /// - the table has no index of the shape;
     /// - the owner is not a superuser: the query checks the owner's privileges (USAGE on the
     ///   schema, SELECT on the columns), which a superuser always has;
-    /// - something watches reads ([`direct_read_allowed`]);
+    /// - something watches reads ([`reads_unwatched`]);
     /// - SERIALIZABLE: the query's predicate locks follow its plan.
     pub fn probe<R>(
         &self,
@@ -1234,7 +1233,7 @@ impl DirectInsert {
         unsafe {
             let rri = &*target.rri;
             let found = catch(|| {
-                if !direct_read_allowed()
+                if !reads_unwatched()
                     || pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as i32
                     || !ffi::superuser_arg((*(*target.rel).rd_rel).relowner)
                 {
@@ -1247,8 +1246,9 @@ impl DirectInsert {
             let Some(index) = found.map(|i| *rri.ri_IndexRelationDescs.add(i)) else { return Ok(None) };
             let mut scan_keys =
                 [const { std::mem::MaybeUninit::<pg_sys::ScanKeyData>::uninit() }; pg_sys::INDEX_MAX_KEYS as usize];
-            let snapshot = catch(|| StatementSnapshot::take())?;
-            let found = catch(|| {
+            // One guarded step for the snapshot and the scan (each catch is a sigsetjmp).
+            let (snapshot, found) = catch(|| {
+                let snapshot = StatementSnapshot::take();
                 for (column, (scan_key, &(strategy, value))) in scan_keys.iter_mut().zip(bounds).enumerate() {
                     let family = *(*index).rd_opfamily.add(column);
                     let input = *(*index).rd_opcintype.add(column);
@@ -1282,7 +1282,7 @@ impl DirectInsert {
                 };
                 ffi::index_endscan(scan);
                 ffi::ExecClearTuple(self.scratch);
-                found
+                (snapshot, found)
             })?;
             snapshot.release();
             Ok(Some(found))
