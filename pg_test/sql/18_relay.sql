@@ -117,6 +117,26 @@ ALTER SEQUENCE idempotency.outbox_seq CACHE 20;
 SELECT sqlstate_of(format($$SELECT idem_outbox_requeue(%L)$$, :'requeue_id')) AS keyed_requeue;
 ROLLBACK;
 
+-- Senders serialize on a key's bytes, relays group keys by the column's collation: under a
+-- nondeterministic one, 'k' and 'K' would be two keys to the senders and one to the relays,
+-- numbered out of commit order. A keyed send, a requeue and a take refuse it, naming the
+-- collation; a message without a key keeps no order to break. (The extension's view of
+-- set-aside messages reads the column, so a DBA must take it out of the extension first.)
+CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+BEGIN;
+SELECT idem_send('orders', '{"step": "blind"}', ordering_key => 'order-blind', key => 'blind-1') AS blind_id \gset
+UPDATE idempotency.outbox SET set_aside_at = now() WHERE id = :'blind_id';
+ALTER EXTENSION idempotency DROP VIEW idempotency.outbox_set_aside;
+DROP VIEW idempotency.outbox_set_aside;
+ALTER TABLE idempotency.outbox ALTER COLUMN ordering_key TYPE text COLLATE case_blind;
+SELECT idem_claim('blind-2') AS claimed;
+SELECT sqlstate_of($$SELECT idem_send('orders', '{"step": "blind"}', ordering_key => 'Order-Blind')$$) AS keyed_send;
+SELECT sqlstate_of(format($$SELECT idem_outbox_requeue(%L)$$, :'blind_id')) AS keyed_requeue;
+SELECT sqlstate_of($$SELECT * FROM idem_outbox_take()$$) AS take;
+SELECT idem_send('audit', '{"step": "blind"}') IS NOT NULL AS unkeyed_send;
+ROLLBACK;
+DROP COLLATION case_blind;
+
 -- A sequence that went back (RESTART, setval, a negative INCREMENT, CYCLE, or a restore or
 -- logical replica that did not carry it over) would number a key's new message before its
 -- pending ones, and relays would hand it out first: a keyed send and a requeue refuse it; a

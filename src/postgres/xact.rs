@@ -167,17 +167,16 @@ pub enum Caller {
 /// role can hold up a key's senders. idem_send's own INSERT checks its privilege after the
 /// lock, and its error ends the lock with the transaction or savepoint.
 ///
-/// Under the lock, before a sender or a requeue draws the message's number, it refuses an
-/// `idempotency.outbox_seq` with a CACHE above 1 (55000): each session would number from a
-/// block of its own, so one key's messages would be numbered out of commit order, and the
-/// relays, which refuse to take meanwhile, would deliver them so once it is put back.
+/// Under the lock, before a sender or a requeue draws the message's number, it refuses what
+/// would number one key's messages out of commit order (55000, see [`order_hazard`]); the
+/// relays refuse to take meanwhile, or they would deliver them so once it is put back.
 pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), IdemError> {
     let hash = Sha256::digest(key);
     let objid = u32::from_be_bytes(hash[..4].try_into().expect("SHA-256 has 32 bytes"));
     let objsubid = u16::from_be_bytes(hash[4..6].try_into().expect("SHA-256 has 32 bytes"));
     // SAFETY: looks names up (raising 3F000 or 42P01 as SQL would), waits for a lock and
     // reads a catalog row; it holds nothing with a destructor across them.
-    let cache = unsafe {
+    let hazard = unsafe {
         catch(|| {
             let schema = ffi::get_namespace_oid(c"idempotency".as_ptr(), false);
             let outbox = ffi::get_relname_relid(c"outbox".as_ptr(), schema);
@@ -207,36 +206,72 @@ pub fn lock_ordering_key(key: &[u8], caller: Caller) -> Result<(), IdemError> {
                 objsubid,
                 pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE,
             );
-            sequence_cache(ffi::get_relname_relid(c"outbox_seq".as_ptr(), schema))
+            order_hazard(schema, outbox)
         })
     }?;
-    ordered_numbering(cache)
+    refuse(hazard)
 }
 
-/// What a relay's take checks before it hands anything out: an `idempotency.outbox_seq` with
-/// a CACHE above 1 (55000) may have numbered one key's messages out of commit order, which
-/// the take must not pass on.
+/// What a relay's take checks before it hands anything out: what may have numbered one key's
+/// messages out of commit order (55000, see [`order_hazard`]) must not be passed on.
 pub fn require_ordered_numbering() -> Result<(), IdemError> {
-    // SAFETY: looks a schema up (raising 3F000 as SQL would) and reads a catalog row; it holds
+    // SAFETY: looks names up (raising 3F000 as SQL would) and reads catalog rows; it holds
     // nothing with a destructor across them.
-    let cache = unsafe {
+    let hazard = unsafe {
         catch(|| {
             let schema = ffi::get_namespace_oid(c"idempotency".as_ptr(), false);
-            sequence_cache(ffi::get_relname_relid(c"outbox_seq".as_ptr(), schema))
+            order_hazard(schema, ffi::get_relname_relid(c"outbox".as_ptr(), schema))
         })
     }?;
-    ordered_numbering(cache)
+    refuse(hazard)
 }
 
-fn ordered_numbering(cache: i64) -> Result<(), IdemError> {
-    if cache > 1 {
-        return Err(IdemError::new(
+/// What breaks the promise that one key's messages are numbered in commit order.
+enum Hazard {
+    /// `idempotency.outbox_seq` with a CACHE above 1: each session numbers from a block of its
+    /// own.
+    SequenceCache,
+    /// `ordering_key` under a nondeterministic collation, named: the lock hashes a key's bytes,
+    /// so `'k'` and `'K'` would serialize apart while the relays group them as one key.
+    Collation(String),
+}
+
+/// The first hazard of the outbox in `schema` (`outbox` may be InvalidOid). Unguarded.
+unsafe fn order_hazard(schema: pg_sys::Oid, outbox: pg_sys::Oid) -> Option<Hazard> {
+    if sequence_cache(ffi::get_relname_relid(c"outbox_seq".as_ptr(), schema)) > 1 {
+        return Some(Hazard::SequenceCache);
+    }
+    if outbox == pg_sys::InvalidOid {
+        return None;
+    }
+    let attnum = ffi::get_attnum(outbox, c"ordering_key".as_ptr());
+    if attnum == pg_sys::InvalidAttrNumber as pg_sys::AttrNumber {
+        return None;
+    }
+    let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
+    ffi::get_atttypetypmodcoll(outbox, attnum, &mut typid, &mut typmod, &mut collation);
+    if collation == pg_sys::InvalidOid || ffi::get_collation_isdeterministic(collation) {
+        return None;
+    }
+    let name = std::ffi::CStr::from_ptr(ffi::get_collation_name(collation));
+    Some(Hazard::Collation(name.to_string_lossy().into_owned()))
+}
+
+fn refuse(hazard: Option<Hazard>) -> Result<(), IdemError> {
+    match hazard {
+        None => Ok(()),
+        Some(Hazard::SequenceCache) => Err(IdemError::new(
             SqlState::ObjectNotInPrerequisiteState,
             "idempotency.outbox_seq has a CACHE above 1, which numbers messages out of commit order",
         )
-        .hint("ALTER SEQUENCE idempotency.outbox_seq CACHE 1;"));
+        .hint("ALTER SEQUENCE idempotency.outbox_seq CACHE 1;")),
+        Some(Hazard::Collation(name)) => Err(IdemError::new(
+            SqlState::ObjectNotInPrerequisiteState,
+            format!("idempotency.outbox.ordering_key has the nondeterministic collation \"{name}\", under which keys that differ would be ordered as one"),
+        )
+        .detail("Senders serialize on a key's bytes, relays group keys by the column's collation: two keys equal only under the collation would be numbered apart and delivered as one, out of commit order.")
+        .hint("ALTER TABLE idempotency.outbox ALTER COLUMN ordering_key TYPE text COLLATE \"default\";")),
     }
-    Ok(())
 }
 
 /// pg_sequence's row (catalog/pg_sequence.h, unchanged since PostgreSQL 10), which pgrx does
