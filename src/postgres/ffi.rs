@@ -115,8 +115,7 @@ unguarded! {
     fn get_namespace_oid(nspname: *const ::core::ffi::c_char, missing_ok: bool) -> Oid;
     fn get_relname_relid(relname: *const ::core::ffi::c_char, relnamespace: Oid) -> Oid;
     fn get_rel_namespace(relid: Oid) -> Oid;
-    fn get_attnum(relid: Oid, attname: *const ::core::ffi::c_char) -> AttrNumber;
-    fn get_atttypetypmodcoll(relid: Oid, attnum: AttrNumber, typid: *mut Oid, typmod: *mut int32, collid: *mut Oid);
+    fn SearchSysCacheAttName(relid: Oid, attname: *const ::core::ffi::c_char) -> HeapTuple;
     fn get_collation_isdeterministic(colloid: Oid) -> bool;
     fn get_collation_name(colloid: Oid) -> *mut ::core::ffi::c_char;
     fn IsInParallelMode() -> bool;

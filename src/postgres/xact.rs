@@ -241,15 +241,7 @@ unsafe fn order_hazard(schema: pg_sys::Oid, outbox: pg_sys::Oid) -> Option<Hazar
     if sequence_cache(ffi::get_relname_relid(c"outbox_seq".as_ptr(), schema)) > 1 {
         return Some(Hazard::SequenceCache);
     }
-    if outbox == pg_sys::InvalidOid {
-        return None;
-    }
-    let attnum = ffi::get_attnum(outbox, c"ordering_key".as_ptr());
-    if attnum == pg_sys::InvalidAttrNumber as pg_sys::AttrNumber {
-        return None;
-    }
-    let (mut typid, mut typmod, mut collation) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
-    ffi::get_atttypetypmodcoll(outbox, attnum, &mut typid, &mut typmod, &mut collation);
+    let collation = column_collation(outbox, c"ordering_key");
     if collation == pg_sys::InvalidOid || ffi::get_collation_isdeterministic(collation) {
         return None;
     }
@@ -272,6 +264,21 @@ fn refuse(hazard: Option<Hazard>) -> Result<(), IdemError> {
         .detail("Senders serialize on a key's bytes, relays group keys by the column's collation: two keys equal only under the collation would be numbered apart and delivered as one, out of commit order.")
         .hint("ALTER TABLE idempotency.outbox ALTER COLUMN ordering_key TYPE text COLLATE \"default\";")),
     }
+}
+
+/// The collation of column `name` of `relid`, in one catalog lookup (a keyed send makes it),
+/// or InvalidOid for no such table or column, or one of a type without collations. Unguarded.
+unsafe fn column_collation(relid: pg_sys::Oid, name: &std::ffi::CStr) -> pg_sys::Oid {
+    if relid == pg_sys::InvalidOid {
+        return pg_sys::InvalidOid;
+    }
+    let tuple = ffi::SearchSysCacheAttName(relid, name.as_ptr());
+    if tuple.is_null() {
+        return pg_sys::InvalidOid;
+    }
+    let collation = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_attribute>(tuple)).attcollation;
+    ffi::ReleaseSysCache(tuple);
+    collation
 }
 
 /// pg_sequence's row (catalog/pg_sequence.h, unchanged since PostgreSQL 10), which pgrx does
