@@ -277,9 +277,10 @@ static NUMBERED_AFTER: Statement = Statement {
 /// Refuses (55000) a message that `idempotency.outbox_seq` numbered at or before a pending
 /// message of its key: relays would hand it out first, though it committed last. A sequence
 /// goes back when it is restarted, set back with setval, given a negative INCREMENT or CYCLE,
-/// or left behind by a restore or a logical replica that did not carry it over. What the
-/// check reads is what the statement's snapshot sees, so under REPEATABLE READ a message of
-/// the key committed after the snapshot escapes it; the next send of the key then stops.
+/// or left behind by a restore or a logical replica that did not carry it over. The check
+/// reads with the newest snapshot at every isolation level, as foreign key checks do: under
+/// REPEATABLE READ, the transaction's snapshot would miss a message of the key that committed
+/// after it was taken, though the key's lock waited for exactly that message.
 ///
 /// A send reads as the outbox's owner: the statement it stands for needs no privilege beyond
 /// INSERT and SELECT on `id`, and the check must not ask for more. The SQL function that a
@@ -289,7 +290,7 @@ fn require_numbered_last(id: Uuid, as_owner: bool) -> Result<()> {
     // SAFETY: a uuid datum, alive for the call.
     let args = [unsafe { DatumWithOid::new(id.into_datum().expect("a uuid datum"), pg_sys::UUIDOID) }];
     let probe = || {
-        NUMBERED_AFTER.run(&args, |rows| {
+        NUMBERED_AFTER.run_latest(&args, |rows| {
             if rows.is_empty() {
                 return None;
             }

@@ -31,6 +31,7 @@ pub(super) use unguarded;
 unguarded! {
     fn PushActiveSnapshot(snapshot: Snapshot);
     fn GetTransactionSnapshot() -> Snapshot;
+    fn GetLatestSnapshot() -> Snapshot;
     fn GetActiveSnapshot() -> Snapshot;
     fn CommandCounterIncrement();
     fn UpdateActiveSnapshotCommandId();
@@ -135,6 +136,7 @@ unguarded! {
     fn SPI_freeplan(plan: SPIPlanPtr) -> ::core::ffi::c_int;
     fn SPI_execute(src: *const ::core::ffi::c_char, read_only: bool, tcount: ::core::ffi::c_long) -> ::core::ffi::c_int;
     fn SPI_execute_plan(plan: SPIPlanPtr, Values: *mut Datum, Nulls: *const ::core::ffi::c_char, read_only: bool, tcount: ::core::ffi::c_long) -> ::core::ffi::c_int;
+    fn SPI_execute_snapshot(plan: SPIPlanPtr, Values: *mut Datum, Nulls: *const ::core::ffi::c_char, snapshot: Snapshot, crosscheck_snapshot: Snapshot, read_only: bool, fire_triggers: bool, tcount: ::core::ffi::c_long) -> ::core::ffi::c_int;
 
     fn CopyErrorData() -> *mut ErrorData;
     fn FlushErrorState();

@@ -91,7 +91,18 @@ unsafe extern "C-unwind" fn executor_start(query: *mut pg_sys::QueryDesc, eflags
 impl Statement {
     /// Runs the statement and hands its result to `read`.
     pub fn run<R>(&'static self, args: &[DatumWithOid<'_>], read: impl FnOnce(&Rows) -> R) -> Result<R, PgError> {
-        execute(&*self.kept()?, args, read)
+        execute_with(&*self.kept()?, args, false, read)
+    }
+
+    /// Runs the statement as a check that must see every transaction committed before it:
+    /// under REPEATABLE READ and SERIALIZABLE with the newest snapshot, not the transaction's,
+    /// as PostgreSQL's foreign key checks read there (ri_PerformCheck); as run() otherwise.
+    pub fn run_latest<R>(
+        &'static self,
+        args: &[DatumWithOid<'_>],
+        read: impl FnOnce(&Rows) -> R,
+    ) -> Result<R, PgError> {
+        execute_with(&*self.kept()?, args, true, read)
     }
 
     fn kept(&'static self) -> Result<Rc<Kept>, PgError> {
@@ -152,6 +163,15 @@ fn connect() {
 /// nor made to look at new invalidations while its tables stay locked, so both are done here.
 /// (A versioned write's target schema is checked when the target is opened.)
 pub fn execute<R>(plan: &Kept, args: &[DatumWithOid<'_>], read: impl FnOnce(&Rows) -> R) -> Result<R, PgError> {
+    execute_with(plan, args, false, read)
+}
+
+fn execute_with<R>(
+    plan: &Kept,
+    args: &[DatumWithOid<'_>],
+    latest: bool,
+    read: impl FnOnce(&Rows) -> R,
+) -> Result<R, PgError> {
     let datums: Vec<Option<pg_sys::Datum>> = args.iter().map(|a| a.datum().map(|d| d.sans_lifetime())).collect();
     let mut values: Vec<pg_sys::Datum> = datums.iter().map(|d| d.unwrap_or(pg_sys::Datum::from(0))).collect();
     let nulls: Vec<c_char> = datums.iter().map(|d| if d.is_some() { b' ' } else { b'n' } as c_char).collect();
@@ -169,7 +189,23 @@ pub fn execute<R>(plan: &Kept, args: &[DatumWithOid<'_>], read: impl FnOnce(&Row
             let source =
                 pg_sys::list_nth(ffi::SPI_plan_get_plan_sources(plan.plan), 0).cast::<pg_sys::CachedPlanSource>();
             STARTING.with(|s| s.set((*source).query_string));
-            ffi::SPI_execute_plan(plan.plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
+            if latest && super::write::uses_transaction_snapshot() {
+                // Not read-only, so SPI copies the snapshot and advances its command counter:
+                // the statement sees this transaction's own writes, as run() does.
+                let snapshot = ffi::GetLatestSnapshot();
+                ffi::SPI_execute_snapshot(
+                    plan.plan,
+                    values.as_mut_ptr(),
+                    nulls.as_ptr(),
+                    snapshot,
+                    ptr::null_mut(),
+                    false,
+                    true,
+                    0,
+                )
+            } else {
+                ffi::SPI_execute_plan(plan.plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
+            }
         })
     };
     STARTING.with(|s| s.set(ptr::null()));

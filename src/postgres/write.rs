@@ -316,7 +316,7 @@ fn bitmap(attnums: &[i16]) -> *mut pg_sys::Bitmapset {
     })
 }
 
-fn uses_transaction_snapshot() -> bool {
+pub(super) fn uses_transaction_snapshot() -> bool {
     // SAFETY: reads a backend-local setting.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
 }
@@ -332,7 +332,23 @@ impl StatementSnapshot {
     /// # Safety
     /// Pushes a snapshot that release() pops; an error's abort pops it too.
     unsafe fn take() -> StatementSnapshot {
-        ffi::PushActiveSnapshot(ffi::GetTransactionSnapshot());
+        Self::push(ffi::GetTransactionSnapshot())
+    }
+
+    /// For a check that must see every transaction committed before it at any isolation level,
+    /// as PostgreSQL's foreign key checks read under REPEATABLE READ (ri_PerformCheck): the
+    /// newest snapshot there, the statement's otherwise. Unguarded, as take().
+    ///
+    /// # Safety
+    /// As take().
+    unsafe fn take_latest() -> StatementSnapshot {
+        Self::push(if uses_transaction_snapshot() { ffi::GetLatestSnapshot() } else { ffi::GetTransactionSnapshot() })
+    }
+
+    /// Unguarded. PushActiveSnapshot copies a static snapshot, and the copy is what later
+    /// command counter updates change.
+    unsafe fn push(snapshot: pg_sys::Snapshot) -> StatementSnapshot {
+        ffi::PushActiveSnapshot(snapshot);
         ffi::CommandCounterIncrement();
         ffi::UpdateActiveSnapshotCommandId();
         StatementSnapshot(ffi::GetActiveSnapshot())
@@ -1213,8 +1229,9 @@ impl DirectInsert {
     /// The first row, in index order, that the table's index of `shape` holds within `bounds`
     /// (one per index column: a btree strategy and a value of the column's type, compared by
     /// the index's own operators), other than the row this insert wrote, and that `take`
-    /// takes: what the caller's query, run now as the table's owner, would find through that
-    /// index, with its snapshot, reads and statistics. Ok(None), and the caller runs its
+    /// takes: what the caller's query, run now as the table's owner with the newest snapshot
+    /// ([`crate::postgres::spi::Statement::run_latest`]), would find through that index, with
+    /// its reads and statistics. Ok(None), and the caller runs its
     /// query, where the two could be told apart:
     /// - the table has no index of the shape;
     /// - the owner is not a superuser: the query checks the owner's privileges (USAGE on the
@@ -1248,7 +1265,7 @@ impl DirectInsert {
                 [const { std::mem::MaybeUninit::<pg_sys::ScanKeyData>::uninit() }; pg_sys::INDEX_MAX_KEYS as usize];
             // One guarded step for the snapshot and the scan (each catch is a sigsetjmp).
             let (snapshot, found) = catch(|| {
-                let snapshot = StatementSnapshot::take();
+                let snapshot = StatementSnapshot::take_latest();
                 for (column, (scan_key, &(strategy, value))) in scan_keys.iter_mut().zip(bounds).enumerate() {
                     let family = *(*index).rd_opfamily.add(column);
                     let input = *(*index).rd_opcintype.add(column);
