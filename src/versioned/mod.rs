@@ -739,9 +739,11 @@ pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::Funct
     let (mut old_null, mut new_null) = (false, false);
     let old = pg_sys::SPI_getbinval(data.tg_trigtuple, tupdesc, attnum, &mut old_null);
     let new = pg_sys::SPI_getbinval(data.tg_newtuple, tupdesc, attnum, &mut new_null);
-    let newer = match (old_null, new_null) {
-        (_, true) => false,
-        (true, false) => true,
+    // The new version against the old: NULL sorts below every version.
+    let order = match (old_null, new_null) {
+        (true, true) => std::cmp::Ordering::Equal,
+        (false, true) => std::cmp::Ordering::Less,
+        (true, false) => std::cmp::Ordering::Greater,
         (false, false) => {
             let entry = pg_sys::lookup_type_cache(attr.atttypid, pg_sys::TYPECACHE_CMP_PROC_FINFO as i32);
             if (*entry).cmp_proc == pg_sys::InvalidOid {
@@ -758,10 +760,16 @@ pub unsafe extern "C-unwind" fn idem_version_guard_trigger(fcinfo: pg_sys::Funct
                 );
             }
             let cmp = &mut (*entry).cmp_proc_finfo;
-            pg_sys::FunctionCall2Coll(cmp, attr.attcollation, new, old).value() as i32 > 0
+            (pg_sys::FunctionCall2Coll(cmp, attr.attcollation, new, old).value() as i32).cmp(&0)
         }
     };
-    if newer {
+    // A foreign key's action (ON UPDATE CASCADE, ON DELETE SET NULL or SET DEFAULT) changes the
+    // referencing columns and leaves the version as it is: skipped, it would leave the row
+    // pointing at a key that is gone, and no constraint would notice. PostgreSQL runs those
+    // statements, and only them, in the security context SECURITY_NOFORCE_RLS (ri_triggers.c);
+    // an UPDATE a trigger makes inside one inherits it, so the version must also be unchanged.
+    let referential_action = order == std::cmp::Ordering::Equal && pg_sys::InNoForceRLSOperation();
+    if order == std::cmp::Ordering::Greater || referential_action {
         pg_sys::Datum::from(data.tg_newtuple)
     } else {
         pg_sys::Datum::from(0)
