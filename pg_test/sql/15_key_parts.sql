@@ -41,6 +41,10 @@ SELECT idem_key(true, false) AS booleans, idem_key('yes'::boolean) AS from_yes;
 -- its padding as its cast to text does.
 SELECT idem_key('a|b', 'c'::varchar, 'pad  '::char(6), 'n'::name, 7) AS text_like;
 SELECT idem_key('order', 42, 'paid') = idem_key(VARIADIC ARRAY['order', '42', 'paid']) AS as_in_0_1_0;
+-- "char" as its cast to text writes it, whichever form of idem_key the other parts select:
+-- beside text parts PostgreSQL picks the text[] form through that implicit cast.
+SELECT idem_key(7, 'a'::"char", E'\\351'::"char", ''::"char") AS char_parts,
+       idem_key('7', 'a'::"char", E'\\351'::"char", ''::"char") AS char_beside_text;
 
 -- A domain counts as its base type.
 CREATE DOMAIN order_id AS int8 CHECK (VALUE > 0);

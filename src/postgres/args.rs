@@ -95,11 +95,24 @@ unsafe fn part(value: pg_sys::Datum, isnull: bool, typid: pg_sys::Oid) -> Part {
             }
             pg_sys::TEXTOID | pg_sys::VARCHAROID => Part::Text(text(value)),
             pg_sys::BPCHAROID => Part::Text(text(value).trim_end_matches(' ').to_string()),
+            pg_sys::CHAROID => Part::Text(char_text(value.value() as u8)),
             pg_sys::NAMEOID | pg_sys::UNKNOWNOID => {
                 Part::Text(CStr::from_ptr(value.cast_mut_ptr()).to_string_lossy().into_owned())
             }
             other => Part::Other(CStr::from_ptr(pg_sys::format_type_be(other)).to_string_lossy().into_owned()),
         }
+    }
+}
+
+/// A `"char"` as its cast to text writes it (char_text, from PostgreSQL 15 on): NUL as
+/// nothing, a byte with the high bit set as a backslash and three octal digits. With text
+/// parts only, PostgreSQL resolves idem_key to its `text[]` form through that implicit cast,
+/// so the `"any"` form must give the same text.
+fn char_text(byte: u8) -> String {
+    match byte {
+        0 => String::new(),
+        b if b >= 0x80 => format!("\\{b:03o}"),
+        b => char::from(b).to_string(),
     }
 }
 
