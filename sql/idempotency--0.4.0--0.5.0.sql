@@ -411,13 +411,16 @@ $$;
 -- daylight-saving change within those days is an hour off, and the purge (pg_cron's session,
 -- the server's zone) and a consumer's late-replay guard (a JDBC session, the JVM's zone)
 -- disagreed by that hour both ways: a claim purged an hour before it expired, or a late
--- replay trusted an hour after its claim was purged. The guard in the library subtracts the
--- same way (src/retention.rs).
+-- replay trusted an hour after its claim was purged. The guard shares the library's
+-- function (src/retention.rs, cutoff). It also keeps the claims of a retention that earlier
+-- releases took and idem_declare_scope now refuses (over 1000 years, or with a negative
+-- field), which an update or a restored dump brings along: subtracted as it stands, such a
+-- span failed every purge with 22008, or put the cutoff after now().
 CREATE FUNCTION idempotency.expired_before(span interval) RETURNS timestamptz
-LANGUAGE sql STABLE PARALLEL SAFE
-RETURN pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', pg_catalog.now()) OPERATOR(pg_catalog.-) span);
+LANGUAGE c STABLE STRICT PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'expired_before_entry';
 COMMENT ON FUNCTION idempotency.expired_before(interval) IS
-  'The cutoff of a retention: now() less span, subtracted in UTC whatever the session''s TimeZone.';
+  'The cutoff of a retention: now() less span, subtracted in UTC whatever the session''s TimeZone; a negative field counts as zero, and a span over 1000 years keeps everything (-infinity).';
 
 -- The retention of undeclared scopes that the purge keeps: the longest of its own session's
 -- idempotency.default_retention and every ALTER ROLE / ALTER DATABASE value for this

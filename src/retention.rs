@@ -9,8 +9,9 @@ use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
 use crate::digest::{abbreviate, Scope};
-use crate::error::{sqlstate_entry, warn, IdemError, Result, SqlState};
+use crate::error::{finish, sqlstate_entry, warn, IdemError, Result, SqlState};
 use crate::postgres::spi::Statement;
+use crate::postgres::time;
 
 /// Seven days, NServiceBus's KeepDeduplicationDataFor default: long enough for a week-end's
 /// DLQ to be replayed on Monday. Production scopes should declare their own.
@@ -42,29 +43,59 @@ fn default_retention() -> Interval {
     seconds_interval(DEFAULT_RETENTION.get())
 }
 
-// Late means sent before the purge's cutoff, reckoned as the purge reckons it (sql/
-// idempotency--0.4.0--0.5.0.sql, idempotency.expired_before): retention subtracted in UTC, so
-// that a day is 24 hours whatever the session's TimeZone and its daylight-saving changes. From
-// the clock, not the transaction's start: a purge that committed while this transaction ran
-// has cut at a later time than its start, and may have removed the claim of an earlier delivery.
-// Written out rather than calling that function, which the SQL of older releases lacks.
+/// Where a retention's cutoff stops being the clock less the span: past what
+/// idem_declare_scope takes (1000 years), which only a scope declared by an earlier release,
+/// or restored from its dump, can hold.
+const LONGEST_RETENTION_DAYS: i128 = 1000 * 12 * 30;
+
+/// The cutoff of a retention: `at` less `span` on the UTC clock (calendar months, then days,
+/// then time, as `timestamp - interval` subtracts), which the purge (idempotency.expired_before)
+/// and the late-replay guard share, so that a day is 24 hours whatever a session's TimeZone
+/// and its daylight-saving changes. A field of `span` below zero counts as zero, and a span
+/// past 1000 years, or of nothing at all, keeps every claim (-infinity): earlier releases took
+/// such spans, and subtracted as they stand they could put the cutoff after `at` (purging
+/// claims before they expire) or outside the timestamp range (22008 on every purge). Either
+/// way a claim is kept at least as long as its span says, never less.
+pub fn cutoff(at: pg_sys::TimestampTz, span: &Interval) -> Result<TimestampWithTimeZone> {
+    let (months, days, micros) = (span.months().max(0), span.days().max(0), span.micros().max(0));
+    // PostgreSQL compares intervals with a month as 30 days and a day as 24 hours.
+    let total_micros = (i128::from(months) * 30 + i128::from(days)) * 86_400_000_000 + i128::from(micros);
+    if total_micros == 0 || total_micros > LONGEST_RETENTION_DAYS * 86_400_000_000 {
+        return Ok(TimestampWithTimeZone::negative_infinity());
+    }
+    let utc = time::utc_minus(at, months, days, micros)?;
+    Ok(TimestampWithTimeZone::try_from(utc).expect("a finite timestamp"))
+}
+
+/// idempotency.expired_before: a retention's cutoff from the transaction's start, for the
+/// purge's statements.
+#[pg_extern(sql = false)]
+fn expired_before(span: Interval) -> Option<TimestampWithTimeZone> {
+    finish(cutoff(time::transaction_start(), &span))
+}
+sqlstate_entry!(expired_before_entry, pg_finfo_expired_before_entry, expired_before_wrapper);
+
+// A scope's retention and what a late replay does. Late means sent before the scope's cutoff
+// ([`cutoff`]), reckoned from the clock, not the transaction's start: a purge that committed
+// while this transaction ran has cut at a later time than its start, and may have removed the
+// claim of an earlier delivery. Only the scopes table is read, as the SQL of every release
+// has it.
 static LATE: Statement = Statement {
-    sql: "SELECT $2 OPERATOR(pg_catalog.<) pg_catalog.timezone('UTC', \
-                 pg_catalog.timezone('UTC', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) COALESCE(s.retention, $3)), \
-                 COALESCE(s.late_replay, 'error'), COALESCE(s.retention, $3)::pg_catalog.text \
+    sql: "SELECT COALESCE(s.late_replay, 'error'), COALESCE(s.retention, $2), COALESCE(s.retention, $2)::pg_catalog.text \
           FROM (VALUES (1)) AS one(x) \
           LEFT JOIN idempotency.scopes AS s ON s.scope_id OPERATOR(pg_catalog.=) $1",
-    args: &[pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID],
+    args: &[pg_sys::INT8OID, pg_sys::INTERVALOID],
 };
 
 /// A new claim for a message sent before its scope's retention began: the record of an
 /// earlier delivery may have been purged, so "new" cannot be trusted. Raises ID004, or warns
 /// with it when the scope was declared with late_replay => 'warn'.
 pub fn check_late_replay(scope: &Scope<'_>, sent_at: TimestampWithTimeZone) -> Result<()> {
-    let args = [DatumWithOid::from(scope.id), DatumWithOid::from(sent_at), DatumWithOid::from(default_retention())];
-    let (late, mode, retention) =
-        LATE.run(&args, |rows| (rows.get::<bool>(0, 1), rows.get::<String>(0, 2), rows.get::<String>(0, 3)))?;
-    if late != Some(true) {
+    let args = [DatumWithOid::from(scope.id), DatumWithOid::from(default_retention())];
+    let (mode, span, retention) =
+        LATE.run(&args, |rows| (rows.get::<String>(0, 1), rows.get::<Interval>(0, 2), rows.get::<String>(0, 3)))?;
+    let span = span.expect("a scope's retention, or the default one");
+    if pg_sys::TimestampTz::from(sent_at) >= cutoff(time::clock(), &span)?.into_inner() {
         return Ok(());
     }
     let report = IdemError::new(

@@ -95,6 +95,11 @@ SELECT idem_claim_many(ARRAY['batch-1', 'batch-2', 'batch-1'], 'imports');
 CREATE TABLE accounts (id int PRIMARY KEY, balance numeric, version bigint);
 SELECT idem_versioned_upsert('accounts', jsonb_build_object('id', i, 'balance', i * 10, 'version', 5)) FROM generate_series(1, 20) AS i;
 SELECT idem_versioned_update('accounts', '{"id": 3}', '{"balance": 33, "version": 6}');
+-- A retention 0.5.0 refuses, declared where the release took it, with a claim of its scope:
+-- after the update the purge must still run, and keep that claim.
+DO \$\$ BEGIN PERFORM idem_declare_scope('legacy-eon', '10000 years'); EXCEPTION WHEN OTHERS THEN NULL; END \$\$;
+SELECT idem_claim('eon-1', 'legacy-eon');
+UPDATE idempotency.ledger SET claimed_at = now() - interval '400 days' WHERE key_digest = idem_digest('eon-1', 'legacy-eon');
 -- Duplicates recorded where the release has diagnostics (0.4.0): the update gives them a key.
 SET idempotency.diagnostics = on;
 SELECT idem_claim('order-' || i || ':paid') FROM generate_series(1, 3) AS i
@@ -109,6 +114,8 @@ SQL
   version=$(q -d "$db" -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
   got=$(q -d "$db" <<'SQL'
 SELECT count(*) FROM idempotency.ledger;
+CALL idem_purge();
+SELECT count(*) FROM idempotency.ledger WHERE key_digest = idem_digest('eon-1', 'legacy-eon');
 SELECT count(*) FILTER (WHERE idem_claim('order-' || i || ':paid')) FROM generate_series(1, 500) AS i;
 SELECT count(*) FILTER (WHERE idem_claim('order-' || i || ':refund', 'billing', jsonb_build_object('order', i))) FROM generate_series(1, 50) AS i;
 SELECT claimed, result FROM idem_claim_replay('order-7:refund', 'billing');
@@ -128,9 +135,9 @@ SELECT idem_claim('order-4:paid');
 SELECT count(*), count(DISTINCT id) FROM idempotency.duplicates;
 SQL
   )
-  expected=$'552\n0\n0\nf|{"refund": 7}\n{f,t}\nf\n1:10:5 3:33:6\nf\n'"$((recorded + 1))|$((recorded + 1))"
-  if [[ "$version" != "$current" || "$before" != 552 || "$got" != "$expected" ]]; then
-    printf 'upgrade from %s: to %s (want %s), %s keys before (want 552)\nexpected:\n%s\ngot:\n%s\n' \
+  expected=$'553\n0\n1\n0\n0\nf|{"refund": 7}\n{f,t}\nf\n1:10:5 3:33:6\nf\n'"$((recorded + 1))|$((recorded + 1))"
+  if [[ "$version" != "$current" || "$before" != 553 || "$got" != "$expected" ]]; then
+    printf 'upgrade from %s: to %s (want %s), %s keys before (want 553)\nexpected:\n%s\ngot:\n%s\n' \
       "$from" "$version" "$current" "$before" "$expected" "$got"
     exit 1
   fi
@@ -139,5 +146,5 @@ SQL
     cat /tmp/idem-upgrade.diff
     exit 1
   fi
-  echo "upgrade $from -> $current: 552 stored keys recognised, result replayed, fingerprint kept, $recorded recorded duplicates kept, objects as a fresh install"
+  echo "upgrade $from -> $current: 553 stored keys recognised (and a legacy 10000-year scope purged without error), result replayed, fingerprint kept, $recorded recorded duplicates kept, objects as a fresh install"
 done

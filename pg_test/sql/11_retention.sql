@@ -192,3 +192,29 @@ DROP ROLE purge_maintainer;
 -- Without pg_cron in this database, scheduling says what to install and configure.
 SELECT sqlstate_of($$SELECT idem_schedule_purge()$$);
 SELECT idem_unschedule_purge() AS nothing_to_unschedule;
+
+-- A retention that an earlier release took, and idem_declare_scope now refuses, comes along
+-- with an update or a restored dump (whose COPY writes idempotency.scopes as it was). Over
+-- 1000 years, it keeps every claim of its scope; a negative field counts as zero, so that
+-- '1 month -29 days' keeps claims a month. No claim goes before its retention, and the purge
+-- and the late-replay guard go on working (before, both failed with 22008 on the first, and
+-- the second put the cutoff after now() at the end of some months).
+TRUNCATE idempotency.ledger;
+INSERT INTO idempotency.scopes (scope, scope_id, broker_retention, dlq_retention, replay_window, buffer, late_replay)
+VALUES ('legacy-eon', idem_scope_id('legacy-eon'), '10000 years', '0', '0', '1 day', 'error'),
+       ('legacy-negative', idem_scope_id('legacy-negative'), '1 month -29 days', '0', '0', '0', 'error');
+SELECT claim_aged('legacy-eon', '400 days', 2), claim_aged('legacy-negative', '20 days', 3),
+       claim_aged('legacy-negative', '40 days', 4);
+CALL idem_purge();
+SELECT s.scope, extract(day FROM now() - l.claimed_at)::int AS age_days, count(*) AS claims
+FROM idempotency.ledger AS l
+JOIN (VALUES ('legacy-eon'), ('legacy-negative')) AS s(scope) ON l.scope_id = idem_scope_id(s.scope)
+GROUP BY 1, 2 ORDER BY 1, 2;
+SELECT idempotency.expired_before('10000 years') AS eon_cutoff,
+       idempotency.expired_before('1 month -29 days') = idempotency.expired_before('1 month') AS negative_field_dropped,
+       idempotency.expired_before('-1 day') AS nothing_kept_keeps_all;
+SELECT idem_claim('legacy-late', 'legacy-eon', sent_at => now() - interval '5000 years') AS eon_trusts_an_old_message;
+SELECT sqlstate_of($$SELECT idem_claim('legacy-late', 'legacy-negative', sent_at => now() - interval '35 days')$$) AS negative_field_late;
+SELECT idem_claim('legacy-recent', 'legacy-negative', sent_at => now() - interval '25 days') AS negative_field_in_time;
+DELETE FROM idempotency.ledger WHERE scope_id IN (idem_scope_id('legacy-eon'), idem_scope_id('legacy-negative'));
+DELETE FROM idempotency.scopes WHERE scope LIKE 'legacy-%';

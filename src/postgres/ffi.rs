@@ -123,6 +123,8 @@ unguarded! {
     fn AcceptInvalidationMessages();
     fn get_namespace_name(nspid: Oid) -> *mut ::core::ffi::c_char;
     fn DirectFunctionCall1Coll(func: PGFunction, collation: Oid, arg1: Datum) -> Datum;
+    fn DirectFunctionCall2Coll(func: PGFunction, collation: Oid, arg1: Datum, arg2: Datum) -> Datum;
+    fn timestamp_mi_interval(fcinfo: FunctionCallInfo) -> Datum;
     fn nextval_oid(fcinfo: FunctionCallInfo) -> Datum;
     fn LockDatabaseObject(classid: Oid, objid: Oid, objsubid: uint16, lockmode: LOCKMODE);
     fn ProcessInterrupts();

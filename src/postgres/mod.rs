@@ -13,6 +13,7 @@
 //! - [`settings`]: other extensions' settings, read without a lookup by name per call.
 //! - [`version`]: every difference between the PostgreSQL majors, and only those.
 //! - [`spi`]: statements prepared once per backend and run through SPI.
+//! - [`time`]: the transaction's start, the clock, and calendar subtraction.
 //! - [`xact`]: values and locks that last as long as the current transaction.
 //! - [`write`]: one row written through the table and index access methods, in the
 //!   executor's own steps, for tables proven plain enough ([`write::is_plain`]).
@@ -24,6 +25,7 @@ pub mod relcache;
 pub mod role;
 mod settings;
 pub mod spi;
+pub mod time;
 mod version;
 pub mod write;
 pub mod xact;
