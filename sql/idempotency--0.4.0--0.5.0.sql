@@ -547,13 +547,16 @@ END
 $$;
 
 -- A run cancelled in a session that then calls idem_purge again was shown 'running' beside
--- the new run: only a run its session's current statement started is running.
+-- the new run: only a run its session's current statement started is running. That statement
+-- is known by when it started, not by its text, which is the DBA's own procedure when the
+-- purge runs inside one (the procedure's CALL, the purge's COMMITs and all). Where the
+-- reader may not see the session's activity (pg_read_all_stats), the state is 'unknown'.
 CREATE OR REPLACE VIEW idempotency.purge_progress AS
 SELECT p.run_id, p.pid, p.started_at, p.finished_at,
        CASE WHEN p.finished_at IS NOT NULL THEN 'finished'
             WHEN a.pid IS NULL THEN 'interrupted'
-            WHEN a.query IS NULL OR a.query = '<insufficient privilege>' THEN 'unknown'
-            WHEN a.state = 'active' AND a.query ~* 'idem_purge' AND a.query_start <= p.started_at THEN 'running'
+            WHEN a.state IS NULL THEN 'unknown'
+            WHEN a.state = 'active' AND a.query_start <= p.started_at THEN 'running'
             ELSE 'interrupted' END AS state,
        p.blocks_done, p.blocks,
        round(100.0 * p.blocks_done / GREATEST(p.blocks, 1), 1) AS percent_done,
