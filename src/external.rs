@@ -98,9 +98,9 @@ static FORGET_CALL: Statement = Statement {
 static SYNCHRONOUS_COMMIT: Statement =
     Statement { sql: "SELECT pg_catalog.set_config('synchronous_commit', 'on', true)", args: &[] };
 
-/// What the ledger holds of a call.
+/// What the ledger holds of a call. `begun_at` is NULL only where a DBA dropped its NOT NULL.
 struct Recorded {
-    begun_at: TimestampWithTimeZone,
+    begun_at: Option<TimestampWithTimeZone>,
     confirmed: bool,
     response: Option<StoredJsonb>,
 }
@@ -108,8 +108,8 @@ struct Recorded {
 fn recorded(call: &Call<'_>) -> Result<Option<Recorded>> {
     Ok(READ_CALL.run(&[DatumWithOid::from(call.id)], |rows| {
         (!rows.is_empty()).then(|| Recorded {
-            begun_at: rows.get(0, 1).expect("begun_at is NOT NULL"),
-            confirmed: rows.get(0, 2).expect("a boolean"),
+            begun_at: rows.get(0, 1),
+            confirmed: rows.get(0, 2).expect("IS NOT NULL is a boolean"),
             response: rows.get_jsonb(0, 3),
         })
     })?)
@@ -120,6 +120,10 @@ fn recorded(call: &Call<'_>) -> Result<Option<Recorded>> {
 /// the WAL flush even where synchronous_commit is off: after a server crash, a lost "begun"
 /// would let the redelivery call again.
 fn own_transaction(function: &str) -> Result<()> {
+    // A parallel query is refused by the step's own statement, with PostgreSQL's 25000.
+    if xact::in_parallel_mode() {
+        return Ok(());
+    }
     if xact::in_transaction_block() {
         return Err(IdemError::new(SqlState::ActiveTransaction, format!("{function} cannot run inside a transaction block"))
             .detail("What it records must be committed before the external call is made, and a transaction block commits only at its end, or never.")
@@ -150,12 +154,12 @@ fn begin(call: &Call<'_>) -> Result<CallState> {
     // call is new again. Only a row that conflicts and yet cannot be read (a row-level security
     // policy of the DBA's that hides it) makes that happen every time.
     for _ in 0..CONFLICT_TRIES {
-        if let Some(begun_at) = BEGIN_CALL.run(&args, |rows| if rows.is_empty() { None } else { rows.get(0, 1) })? {
-            return Ok((Some("new".into()), Some(call.id.to_string()), None, Some(begun_at)));
+        if let Some(begun_at) = BEGIN_CALL.run(&args, |rows| (!rows.is_empty()).then(|| rows.get(0, 1)))? {
+            return Ok((Some("new".into()), Some(call.id.to_string()), None, begun_at));
         }
         if let Some(r) = recorded(call)? {
             let state = if r.confirmed { "confirmed" } else { "in_doubt" };
-            return Ok((Some(state.into()), Some(call.id.to_string()), r.response, Some(r.begun_at)));
+            return Ok((Some(state.into()), Some(call.id.to_string()), r.response, r.begun_at));
         }
     }
     Err(IdemError::new(
@@ -165,23 +169,21 @@ fn begin(call: &Call<'_>) -> Result<CallState> {
     .hint("A row-level security policy on idempotency.external_calls may hide it from this role."))
 }
 
-/// Stores the response of a call not confirmed yet; false when there is no such call.
-fn store_response(call: &Call<'_>, response: Option<JsonB>) -> Result<bool> {
+/// CONFIRM_CALL's arguments: the call and its response.
+fn confirmation<'a>(call: &Call<'_>, response: Option<JsonB>) -> Result<[DatumWithOid<'a>; 2]> {
     let response = required(response, "response")?;
-    Ok(CONFIRM_CALL.run(&[DatumWithOid::from(call.id), DatumWithOid::from(response)], |rows| rows.len() == 1)?)
+    Ok([DatumWithOid::from(call.id), DatumWithOid::from(response)])
 }
 
 fn confirm(call: &Call<'_>, response: Option<JsonB>) -> Result<bool> {
-    required(response.as_ref(), "response")?;
+    let args = confirmation(call, response)?;
     own_transaction("idem_call_confirm")?;
-    if store_response(call, response)? {
-        return Ok(true);
-    }
-    match recorded(call)? {
-        None => Err(call.not_begun().detail(
+    match change(call, || Ok(CONFIRM_CALL.run(&args, |rows| rows.len() == 1)?))? {
+        Found::Changed => Ok(true),
+        Found::Confirmed => Ok(false),
+        Found::NotBegun => Err(call.not_begun().detail(
             "If idem_call_resolve forgot it (happened => false) while this call was in flight, the call may now be made twice.",
         )),
-        Some(_) => Ok(false),
     }
 }
 
@@ -191,22 +193,57 @@ fn resolve(call: &Call<'_>, happened: Option<bool>, response: Option<JsonB>) -> 
         return Err(IdemError::new(SqlState::InvalidParameterValue, "a call that did not happen has no response")
             .hint("Pass response only with happened => true."));
     }
-    let done = if happened {
-        store_response(call, response)?
+    let found = if happened {
+        let args = confirmation(call, response)?;
+        change(call, || Ok(CONFIRM_CALL.run(&args, |rows| rows.len() == 1)?))?
     } else {
-        FORGET_CALL.run(&[DatumWithOid::from(call.id)], |rows| rows.len() == 1)?
+        let args = [DatumWithOid::from(call.id)];
+        change(call, || Ok(FORGET_CALL.run(&args, |rows| rows.len() == 1)?))?
     };
-    if done {
-        return Ok(());
-    }
-    match recorded(call)? {
-        None => Err(call.not_begun()),
-        Some(_) => Err(IdemError::new(
+    match found {
+        Found::Changed => Ok(()),
+        Found::NotBegun => Err(call.not_begun()),
+        Found::Confirmed => Err(IdemError::new(
             SqlState::ObjectNotInPrerequisiteState,
             format!("the external call for {} is already confirmed", call.named()),
         )
         .detail("Its response is stored, and a redelivery reuses it; it cannot become unconfirmed again.")),
     }
+}
+
+/// What a confirmation or a resolution found.
+enum Found {
+    /// It changed the unconfirmed call.
+    Changed,
+    /// The call was confirmed already.
+    Confirmed,
+    /// The call is not in the ledger.
+    NotBegun,
+}
+
+/// Runs `write` (CONFIRM_CALL or FORGET_CALL, which change the call only while it is
+/// unconfirmed) until it changes the call, or the call is found confirmed or gone. A call
+/// still unconfirmed after a write that changed nothing was forgotten and begun again
+/// meanwhile, and the write is tried again; only a write that never reaches the row ends the
+/// tries, with nothing recorded: a BEFORE trigger of the DBA's that returns NULL, or a
+/// row-level security policy that lets the role read the call but not change it.
+fn change(call: &Call<'_>, mut write: impl FnMut() -> Result<bool>) -> Result<Found> {
+    for _ in 0..CONFLICT_TRIES {
+        if write()? {
+            return Ok(Found::Changed);
+        }
+        match recorded(call)? {
+            None => return Ok(Found::NotBegun),
+            Some(r) if r.confirmed => return Ok(Found::Confirmed),
+            Some(_) => {}
+        }
+    }
+    Err(IdemError::new(
+        SqlState::ObjectNotInPrerequisiteState,
+        format!("the external call for {} is unconfirmed, and could not be changed", call.named()),
+    )
+    .detail("Its UPDATE or DELETE changed no row three times, though the call can be read and is not confirmed: nothing was recorded.")
+    .hint("A BEFORE UPDATE or DELETE trigger on idempotency.external_calls that returns NULL, or a row-level security policy that lets this role read the call but not change it, would do this."))
 }
 
 /// How long a begun call may stay unconfirmed before idempotency.unconfirmed_calls lists it.

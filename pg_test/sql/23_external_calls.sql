@@ -88,6 +88,28 @@ RESET ROLE;
 DROP OWNED BY calls_app;
 DROP ROLE calls_app;
 
+-- A confirmation or resolution that cannot change the call records nothing, and says so
+-- (55000): here a DBA's BEFORE trigger that drops every UPDATE and DELETE of the ledger. The
+-- call stays in doubt; it is not reported confirmed.
+SELECT state FROM idem_call_begin('order-39:paid', 'billing', 'charge');
+CREATE FUNCTION drop_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER frozen BEFORE UPDATE OR DELETE ON idempotency.external_calls FOR EACH ROW EXECUTE FUNCTION drop_row();
+SELECT idem_call_confirm('order-39:paid', 'billing', 'charge', '{"charge_id": "ch_39"}');
+SELECT idem_call_resolve('order-39:paid', 'billing', 'charge', happened => true, response => '{"charge_id": "ch_39"}');
+SELECT idem_call_resolve('order-39:paid', 'billing', 'charge', happened => false);
+SELECT state, response FROM idem_call_begin('order-39:paid', 'billing', 'charge');
+DROP TRIGGER frozen ON idempotency.external_calls;
+DROP FUNCTION drop_row();
+SELECT idem_call_confirm('order-39:paid', 'billing', 'charge', '{"charge_id": "ch_39"}') AS confirmed_without_it;
+
+-- A DBA who drops begun_at's NOT NULL (and its default) gets calls without a begin time, not
+-- an internal error.
+ALTER TABLE idempotency.external_calls ALTER begun_at DROP NOT NULL, ALTER begun_at DROP DEFAULT;
+SELECT state, begun_at FROM idem_call_begin('order-40:paid', 'billing', 'charge');
+SELECT state, begun_at FROM idem_call_begin('order-40:paid', 'billing', 'charge');
+DELETE FROM idempotency.external_calls WHERE key = 'order-40:paid';
+ALTER TABLE idempotency.external_calls ALTER begun_at SET DEFAULT pg_catalog.now(), ALTER begun_at SET NOT NULL;
+
 -- idem_purge deletes confirmed calls older than their scope's retention (7 days for an
 -- undeclared scope), as it does claims; a call never confirmed stays until it is resolved.
 SELECT state FROM idem_call_begin('order-38:paid', 'billing', 'charge');

@@ -76,6 +76,12 @@ CREATE FUNCTION claim_in_parallel(k text) RETURNS boolean PARALLEL SAFE LANGUAGE
 BEGIN RETURN idem_claim(k); END $$;
 CREATE FUNCTION advance_in_parallel(n int) RETURNS boolean PARALLEL SAFE LANGUAGE plpgsql AS $$
 BEGIN RETURN idem_watermark_advance('parallel', 'p', n); END $$;
+-- An external call's steps too, which otherwise refuse a transaction block (25001): a parallel
+-- query counts as one, but the step is refused as its statement refuses it.
+CREATE FUNCTION call_in_parallel(k text) RETURNS text PARALLEL SAFE LANGUAGE plpgsql AS $$
+BEGIN RETURN (SELECT state FROM idem_call_begin(k)); END $$;
+CREATE FUNCTION confirm_in_parallel(k text) RETURNS boolean PARALLEL SAFE LANGUAGE plpgsql AS $$
+BEGIN RETURN idem_call_confirm(k, 'default', 'default', '{}'); END $$;
 CREATE TABLE parallel_rows AS SELECT g AS id FROM generate_series(1, 1000) g;
 ANALYZE parallel_rows;
 SELECT idem_watermark_advance('parallel', 'p', 1) AS first_position;
@@ -85,13 +91,15 @@ SET min_parallel_table_scan_size = 0;
 SET max_parallel_workers_per_gather = 2;
 SELECT sqlstate_of($$SELECT count(*) FROM parallel_rows WHERE claim_in_parallel('parallel-' || id)$$) AS claims;
 SELECT sqlstate_of($$SELECT count(*) FROM parallel_rows WHERE advance_in_parallel(id + 1)$$) AS advances;
+SELECT sqlstate_of($$SELECT count(*) FROM parallel_rows WHERE call_in_parallel('parallel-' || id) IS NOT NULL$$) AS call_begins;
+SELECT sqlstate_of($$SELECT count(*) FROM parallel_rows WHERE confirm_in_parallel('parallel-' || id)$$) AS call_confirms;
 RESET parallel_setup_cost;
 RESET parallel_tuple_cost;
 RESET min_parallel_table_scan_size;
 RESET max_parallel_workers_per_gather;
 SELECT count(*) AS parallel_claims FROM idempotency.ledger WHERE key_digest = idem_digest('parallel-1');
 DROP TABLE parallel_rows;
-DROP FUNCTION claim_in_parallel(text), advance_in_parallel(int);
+DROP FUNCTION claim_in_parallel(text), advance_in_parallel(int), call_in_parallel(text), confirm_in_parallel(text);
 
 -- Every set of member names is a plan of its own; a session cycling through many keeps a
 -- bounded number of them.

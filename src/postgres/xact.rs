@@ -139,6 +139,13 @@ unsafe extern "C-unwind" fn on_subtransaction(
     }
 }
 
+/// Whether a parallel query runs, in which PostgreSQL refuses every write (25000): a worker,
+/// or its leader, which also counts as inside a transaction block.
+pub fn in_parallel_mode() -> bool {
+    // SAFETY: reads the transaction state.
+    unsafe { ffi::IsInParallelMode() }
+}
+
 /// Whether the caller is inside BEGIN … COMMIT, where what it locks stays locked between
 /// statements.
 pub fn in_transaction_block() -> bool {
