@@ -627,3 +627,77 @@ ALTER SEQUENCE idempotency.duplicates_id_seq OWNED BY idempotency.duplicates.id;
 SELECT pg_catalog.pg_extension_config_dump('idempotency.duplicates', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.duplicates_id_seq', '');
 REVOKE ALL ON SEQUENCE idempotency.duplicates_id_seq FROM PUBLIC;
+
+-- Scheduling found pg_cron by the name cron.schedule_in_database alone. Where pg_cron is not
+-- installed, a schema named cron may be anyone's, and a role that made one could have its own
+-- function of that name run with the rights of whoever schedules the purge (a superuser,
+-- typically); unscheduling read its cron.job and ran its cron.unschedule alike. Only pg_cron's
+-- own functions are called now: anything else is "pg_cron is not available".
+CREATE FUNCTION idempotency.pg_cron_function(signature text) RETURNS pg_catalog.regprocedure
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT p.oid::pg_catalog.regprocedure
+    FROM pg_catalog.pg_depend AS d
+    JOIN pg_catalog.pg_extension AS e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+    JOIN pg_catalog.pg_proc AS p ON p.oid OPERATOR(pg_catalog.=) d.objid
+   WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+     AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+     AND d.deptype OPERATOR(pg_catalog.=) 'e'
+     AND e.extname OPERATOR(pg_catalog.=) 'pg_cron'
+     AND p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(signature);
+END;
+COMMENT ON FUNCTION idempotency.pg_cron_function(text) IS
+  'pg_cron''s own function of this signature (a member of the extension pg_cron), or NULL.';
+
+CREATE OR REPLACE FUNCTION idem_schedule_purge(schedule text DEFAULT '*/10 * * * *', pause interval DEFAULT '100 ms')
+RETURNS bigint LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  job_name text := 'idempotency-purge:' || current_database();
+  command text := format('CALL %I.idem_purge(pause => %L)', '@extschema@', pause);
+  job bigint;
+BEGIN
+  IF schedule IS NULL OR pause IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22004',
+      MESSAGE = format('%s must not be NULL', CASE WHEN schedule IS NULL THEN 'schedule' ELSE 'pause' END);
+  END IF;
+  IF pause < interval '0' THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('pause must be zero or more, not %s', pause);
+  END IF;
+  IF idempotency.pg_cron_function('cron.schedule_in_database(text,text,text,text,text,boolean)') IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '55000',
+      MESSAGE = 'pg_cron is not available in this database',
+      DETAIL = 'idem_schedule_purge registers the purge as a pg_cron job, and pg_cron (1.4 or later) is not installed here.',
+      HINT = format('Install it (apt-get install postgresql-%s-cron), set shared_preload_libraries = ''pg_cron'' '
+                    'and cron.database_name = %L in postgresql.conf, restart, then CREATE EXTENSION pg_cron. '
+                    'If pg_cron lives in another database, run there: SELECT cron.schedule_in_database(%L, %L, %L, %L);',
+                    current_setting('server_version_num')::int / 10000, current_database(),
+                    job_name, schedule, command, current_database());
+  END IF;
+  EXECUTE 'SELECT cron.schedule_in_database($1, $2, $3, $4)' INTO job
+    USING job_name, schedule, command, current_database();
+  RETURN job;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION idem_unschedule_purge()
+RETURNS boolean LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  job_name text := 'idempotency-purge:' || current_database();
+  found boolean;
+BEGIN
+  -- pg_cron's own unschedule makes the schema, and so its cron.job, pg_cron's.
+  IF idempotency.pg_cron_function('cron.unschedule(name)') IS NULL THEN
+    RETURN false;
+  END IF;
+  EXECUTE 'SELECT EXISTS (SELECT FROM cron.job WHERE jobname = $1)' INTO found USING job_name;
+  IF found THEN
+    EXECUTE 'SELECT cron.unschedule($1::pg_catalog.name)' USING job_name;
+  END IF;
+  RETURN found;
+END
+$$;

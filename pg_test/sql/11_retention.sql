@@ -192,6 +192,20 @@ DROP ROLE purge_maintainer;
 -- Without pg_cron in this database, scheduling says what to install and configure.
 SELECT sqlstate_of($$SELECT idem_schedule_purge()$$);
 SELECT idem_unschedule_purge() AS nothing_to_unschedule;
+-- A schema named cron that is not pg_cron's is nobody the purge trusts: its functions of
+-- pg_cron's names are never called, with the caller's rights or at all.
+CREATE SCHEMA cron;
+CREATE TABLE cron.job (jobname text);
+INSERT INTO cron.job VALUES ('idempotency-purge:' || current_database());
+CREATE FUNCTION cron.schedule_in_database(text, text, text, text, text DEFAULT NULL, boolean DEFAULT true)
+RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RAISE NOTICE 'a foreign cron.schedule_in_database ran'; RETURN 1; END $$;
+CREATE FUNCTION cron.unschedule(name) RETURNS boolean
+LANGUAGE plpgsql AS $$ BEGIN RAISE NOTICE 'a foreign cron.unschedule ran'; RETURN true; END $$;
+SELECT sqlstate_of($$SELECT idem_schedule_purge()$$) AS schedule_beside_a_foreign_cron;
+SELECT idem_unschedule_purge() AS unschedule_beside_a_foreign_cron;
+DROP FUNCTION cron.schedule_in_database(text, text, text, text, text, boolean), cron.unschedule(name);
+DROP TABLE cron.job;
+DROP SCHEMA cron;
 
 -- A retention that an earlier release took, and idem_declare_scope now refuses, comes along
 -- with an update or a restored dump (whose COPY writes idempotency.scopes as it was). Over
