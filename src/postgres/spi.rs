@@ -189,11 +189,10 @@ fn execute_with<R>(
             let source =
                 pg_sys::list_nth(ffi::SPI_plan_get_plan_sources(plan.plan), 0).cast::<pg_sys::CachedPlanSource>();
             STARTING.with(|s| s.set((*source).query_string));
-            if latest && super::write::uses_transaction_snapshot() {
+            match if latest { super::write::check_snapshot() } else { None } {
                 // Not read-only, so SPI copies the snapshot and advances its command counter:
                 // the statement sees this transaction's own writes, as run() does.
-                let snapshot = ffi::GetLatestSnapshot();
-                ffi::SPI_execute_snapshot(
+                Some(snapshot) => ffi::SPI_execute_snapshot(
                     plan.plan,
                     values.as_mut_ptr(),
                     nulls.as_ptr(),
@@ -202,9 +201,8 @@ fn execute_with<R>(
                     false,
                     true,
                     0,
-                )
-            } else {
-                ffi::SPI_execute_plan(plan.plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
+                ),
+                None => ffi::SPI_execute_plan(plan.plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0),
             }
         })
     };

@@ -69,8 +69,7 @@ pub fn direct_allowed() -> bool {
     DIRECT_WRITES.get()
         // In a parallel worker, or a leader running one, the statement refuses to write
         // (25000), where a direct write would get as far as PostgreSQL's XX000.
-        // SAFETY: reads a backend-local counter.
-        && !unsafe { ffi::IsInParallelMode() }
+        && !super::xact::in_parallel_mode()
         && TRACK.with(|s| s.label() != Some(c"all"))
         // auto_explain logs a nested statement when it logs nested ones at all and its
         // minimum duration (in ms; -1 switches it off) is not negative.
@@ -316,9 +315,17 @@ fn bitmap(attnums: &[i16]) -> *mut pg_sys::Bitmapset {
     })
 }
 
-pub(super) fn uses_transaction_snapshot() -> bool {
+fn uses_transaction_snapshot() -> bool {
     // SAFETY: reads a backend-local setting.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+/// The snapshot of a check that must see every transaction committed before it, as
+/// PostgreSQL's foreign key checks read under REPEATABLE READ and SERIALIZABLE
+/// (ri_PerformCheck): the newest one there, None (the statement's own) at READ COMMITTED.
+/// Unguarded.
+pub(super) unsafe fn check_snapshot() -> Option<pg_sys::Snapshot> {
+    uses_transaction_snapshot().then(|| ffi::GetLatestSnapshot())
 }
 
 /// A new statement snapshot with the command counter advanced, as SPI takes one for every
@@ -335,14 +342,12 @@ impl StatementSnapshot {
         Self::push(ffi::GetTransactionSnapshot())
     }
 
-    /// For a check that must see every transaction committed before it at any isolation level,
-    /// as PostgreSQL's foreign key checks read under REPEATABLE READ (ri_PerformCheck): the
-    /// newest snapshot there, the statement's otherwise. Unguarded, as take().
+    /// For a check: [`check_snapshot`], else the statement's. Unguarded, as take().
     ///
     /// # Safety
     /// As take().
     unsafe fn take_latest() -> StatementSnapshot {
-        Self::push(if uses_transaction_snapshot() { ffi::GetLatestSnapshot() } else { ffi::GetTransactionSnapshot() })
+        Self::push(check_snapshot().unwrap_or_else(|| ffi::GetTransactionSnapshot()))
     }
 
     /// Unguarded. PushActiveSnapshot copies a static snapshot, and the copy is what later
