@@ -431,6 +431,10 @@ AS 'MODULE_PATHNAME', 'idem_longest_default_retention_entry';
 COMMENT ON FUNCTION idempotency.longest_default_retention() IS
   'The longest idempotency.default_retention of this session and of every role and database setting for this database: what the purge keeps undeclared scopes'' claims for.';
 
+-- How many claims each purge run moved into buckets: a ledger made before buckets (#13) moves
+-- over, batch by batch, run after run.
+ALTER TABLE idempotency.purge_runs ADD COLUMN moved pg_catalog.int8 NOT NULL DEFAULT 0;
+
 CREATE OR REPLACE PROCEDURE idem_purge(batch_blocks integer DEFAULT 256, pause interval DEFAULT '0',
                             INOUT deleted bigint DEFAULT NULL)
 LANGUAGE plpgsql
@@ -449,6 +453,7 @@ DECLARE
   first_block bigint;
   last_block bigint;
   removed bigint;
+  batch_moved bigint;
   undeclared pg_catalog.interval;
 BEGIN
   IF batch_blocks IS NULL OR batch_blocks OPERATOR(pg_catalog.<) 1 THEN
@@ -459,7 +464,9 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = '22023',
       MESSAGE = pg_catalog.format('pause must be zero or more, not %s', COALESCE(pause::pg_catalog.text, 'NULL'));
   END IF;
-  deleted := 0;
+  -- The ledger's buckets first: expired ones are dropped whole, and the next ones made
+  -- before claims need them. Only the ledger's own rows are deleted below.
+  SELECT m.dropped_claims INTO deleted FROM idempotency.maintain_ledger_buckets() AS m;
   -- Once per run: it reads the catalog.
   undeclared := idempotency.longest_default_retention();
   -- Blocks are counted across the tables, in the order above.
@@ -468,7 +475,7 @@ BEGIN
              OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8);
     total_blocks := total_blocks OPERATOR(pg_catalog.+) sizes[phase];
   END LOOP;
-  INSERT INTO idempotency.purge_runs (blocks) VALUES (total_blocks) RETURNING run_id INTO run;
+  INSERT INTO idempotency.purge_runs (blocks, deleted) VALUES (total_blocks, deleted) RETURNING run_id INTO run;
   COMMIT;
   phase := 1;
   table_start := 0;
@@ -483,13 +490,19 @@ BEGIN
     last_block := CASE WHEN phase OPERATOR(pg_catalog.=) pg_catalog.array_length(tables, 1)
                        THEN first_block OPERATOR(pg_catalog.+) batch_blocks
                        ELSE LEAST(first_block OPERATOR(pg_catalog.+) batch_blocks, sizes[phase]) END;
+    batch_moved := 0;
     IF phase OPERATOR(pg_catalog.=) 1 THEN
-      DELETE FROM idempotency.ledger AS l
+      DELETE FROM ONLY idempotency.ledger AS l
       WHERE l.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
         AND l.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
         AND l.claimed_at OPERATOR(pg_catalog.<) idempotency.expired_before(COALESCE(
               (SELECT s.retention FROM idempotency.scopes AS s WHERE s.scope_id OPERATOR(pg_catalog.=) l.scope_id),
               undeclared));
+      GET DIAGNOSTICS removed = ROW_COUNT;
+      IF idempotency.move_to_buckets(first_block, last_block, prepare => true) OPERATOR(pg_catalog.>) 0 THEN
+        COMMIT;
+      END IF;
+      batch_moved := idempotency.move_to_buckets(first_block, last_block);
     ELSIF phase OPERATOR(pg_catalog.=) 2 THEN
       DELETE FROM idempotency.outbox AS o
       WHERE o.ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', first_block)::pg_catalog.tid
@@ -508,12 +521,15 @@ BEGIN
         AND d.ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', last_block)::pg_catalog.tid
         AND d.seen_at OPERATOR(pg_catalog.<) idempotency.expired_before(@extschema@.idem_diagnostics_retention());
     END IF;
-    GET DIAGNOSTICS removed = ROW_COUNT;
+    IF phase OPERATOR(pg_catalog.>) 1 THEN
+      GET DIAGNOSTICS removed = ROW_COUNT;
+    END IF;
     deleted := deleted OPERATOR(pg_catalog.+) removed;
     done_blocks := LEAST(table_start OPERATOR(pg_catalog.+) last_block, total_blocks);
     UPDATE idempotency.purge_runs AS p
        SET blocks_done = done_blocks,
-           batches = p.batches OPERATOR(pg_catalog.+) 1, deleted = p.deleted OPERATOR(pg_catalog.+) removed
+           batches = p.batches OPERATOR(pg_catalog.+) 1, deleted = p.deleted OPERATOR(pg_catalog.+) removed,
+           moved = p.moved OPERATOR(pg_catalog.+) batch_moved
      WHERE p.run_id OPERATOR(pg_catalog.=) run;
     COMMIT;
     IF pause OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
@@ -560,7 +576,7 @@ SELECT p.run_id, p.pid, p.started_at, p.finished_at,
             ELSE 'interrupted' END AS state,
        p.blocks_done, p.blocks,
        round(100.0 * p.blocks_done / GREATEST(p.blocks, 1), 1) AS percent_done,
-       p.batches, p.deleted
+       p.batches, p.deleted, p.moved
 FROM idempotency.purge_runs AS p
 LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = p.pid AND a.backend_start <= p.started_at;
 
@@ -699,5 +715,392 @@ BEGIN
     EXECUTE 'SELECT cron.unschedule($1::pg_catalog.name)' USING job_name;
   END IF;
   RETURN found;
+END
+$$;
+
+-- The ledger in time buckets (#13) ------------------------------------------------------------
+--
+-- A digest is uniformly random, so every claim into one ledger of N keys writes a random leaf
+-- of an index that grows with N: after each checkpoint that leaf's first change writes a full
+-- page to WAL, and the purge deletes row by row. Buckets keep new claims in a small index and
+-- let the purge drop whole tables (docs/ledger-layout.md).
+--
+-- A bucket is a table INHERITS (idempotency.ledger) with its own primary key on key_digest:
+-- the ledger stays the table users query, and creating a child locks the parent only in SHARE
+-- UPDATE EXCLUSIVE, which no claim waits for. Each bucket holds the claims of one lane (one
+-- retention: every scope declared with it, or NULL for undeclared scopes) made by
+-- transactions that started within [starts_at, ends_at), so a bucket's rows expire together.
+-- Claims that find no bucket for their lane and start go into the ledger itself, as before.
+CREATE TABLE idempotency.ledger_buckets (
+    bucket    pg_catalog.name        PRIMARY KEY,
+    lane      pg_catalog.interval,
+    starts_at pg_catalog.timestamptz NOT NULL,
+    ends_at   pg_catalog.timestamptz NOT NULL,
+    sealed_at pg_catalog.timestamptz,
+    CONSTRAINT ledger_buckets_range CHECK (starts_at OPERATOR(pg_catalog.<) ends_at)
+);
+COMMENT ON TABLE idempotency.ledger_buckets IS
+  'Buckets of the ledger (tables in schema idempotency that inherit from it): each holds the claims of scopes of retention lane (NULL: undeclared scopes) whose transactions started in [starts_at, ends_at); sealed_at: since when no new key may enter it, so that claims consult its filter first.';
+SELECT pg_catalog.pg_extension_config_dump('idempotency.ledger_buckets', '');
+REVOKE ALL ON TABLE idempotency.ledger_buckets FROM PUBLIC;
+
+-- When a scope's retention changed, and from which lane: its claims made before then sit in
+-- that lane's buckets, and the purge keeps those buckets for the scope's retention now.
+-- The key is random, not a sequence's: a restore copies the scopes, whose trigger records
+-- changes of its own, before or after the changes themselves, and a sequence is not restored.
+CREATE TABLE idempotency.retention_changes (
+    change_id  pg_catalog.uuid        PRIMARY KEY DEFAULT pg_catalog.gen_random_uuid(),
+    scope_id   pg_catalog.int8        NOT NULL,
+    old_lane   pg_catalog.interval,
+    changed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    -- When a purge first saw it, so after it committed: claims of transactions that began
+    -- before then may have gone to the old lane (changed_at is only the change's start).
+    seen_at    pg_catalog.timestamptz
+);
+COMMENT ON TABLE idempotency.retention_changes IS
+  'Each declaration, redeclaration and forgetting of a scope since the oldest bucket began, with the lane (retention; NULL: undeclared) its claims went to before: the purge keeps that lane''s older buckets for the scope''s retention now.';
+SELECT pg_catalog.pg_extension_config_dump('idempotency.retention_changes', '');
+REVOKE ALL ON TABLE idempotency.retention_changes FROM PUBLIC;
+
+-- Claims cache the buckets and each scope's lane per backend; what changes either tells them.
+CREATE FUNCTION idempotency.ledger_layout_changed() RETURNS void
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'ledger_layout_changed_entry';
+COMMENT ON FUNCTION idempotency.ledger_layout_changed() IS
+  'Makes every session read the ledger''s buckets and the scopes'' lanes again, from its next claim.';
+REVOKE ALL ON FUNCTION idempotency.ledger_layout_changed() FROM PUBLIC;
+
+-- SECURITY DEFINER: whoever may declare a scope need not write the extension's bookkeeping.
+CREATE FUNCTION idempotency.scope_changed() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    INSERT INTO idempotency.retention_changes (scope_id, old_lane) VALUES (NEW.scope_id, NULL);
+  ELSIF TG_OP = 'DELETE' THEN
+    INSERT INTO idempotency.retention_changes (scope_id, old_lane) VALUES (OLD.scope_id, OLD.retention);
+  ELSIF OLD.retention IS DISTINCT FROM NEW.retention OR OLD.scope_id IS DISTINCT FROM NEW.scope_id THEN
+    INSERT INTO idempotency.retention_changes (scope_id, old_lane)
+    VALUES (OLD.scope_id, OLD.retention), (NEW.scope_id, NULL);
+  ELSE
+    RETURN NULL;
+  END IF;
+  PERFORM idempotency.ledger_layout_changed();
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION idempotency.scope_changed() FROM PUBLIC;
+CREATE TRIGGER scope_changed AFTER INSERT OR UPDATE OR DELETE ON idempotency.scopes
+FOR EACH ROW EXECUTE FUNCTION idempotency.scope_changed();
+
+-- A sealed bucket's keys are fixed: claims rule a key out by the bucket's filter, built from
+-- them, so a new one (a row inserted by hand, a key changed) would go unseen.
+CREATE FUNCTION idempotency.bucket_sealed() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  RAISE EXCEPTION USING ERRCODE = '55000',
+    MESSAGE = format('bucket %s of the ledger is sealed', TG_TABLE_NAME),
+    DETAIL = 'Claims look a key up in a sealed bucket through a filter of the keys it held when it was sealed.',
+    HINT = 'Claim through idem_claim; idem_purge moves claims of the ledger itself into their buckets.';
+END
+$$;
+
+-- The bucket of `lane` (NULL: undeclared scopes, whose retention is `span`) for claims made
+-- at `at`, made if there is none, aligned on the epoch and cut short where a bucket of the
+-- lane made with another width already covers part of it. Its width is the span in which the
+-- lane takes about a million claims, at the rate of the claims the ledger holds now (so that
+-- the index new claims write stays small enough to be cached, and a checkpoint's page images
+-- few), but at most an eighth of the retention and a week, and at least an hour. Run as the
+-- ledger's owner, never by a role itself.
+CREATE FUNCTION idempotency.ledger_bucket_as_owner(lane interval, span interval, at timestamptz,
+                                                   OUT bucket name, OUT starts timestamptz, OUT ends timestamptz,
+                                                   OUT created boolean)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  held float8 := (SELECT sum(greatest(c.reltuples, 0)) FROM pg_class AS c
+                  WHERE c.oid = 'idempotency.ledger'::regclass
+                     OR c.oid IN (SELECT i.inhrelid FROM pg_inherits AS i
+                                  WHERE i.inhparent = 'idempotency.ledger'::regclass));
+  width_s float8 := greatest(least(extract(epoch FROM span) * 1000000 / greatest(held, 1),
+                                   extract(epoch FROM span) / 8, 7 * 86400), 3600);
+  sealed boolean;
+BEGIN
+  SELECT x.bucket, x.starts_at, x.ends_at, x.sealed_at IS NOT NULL INTO bucket, starts, ends, sealed
+  FROM idempotency.ledger_buckets AS x
+  WHERE x.lane IS NOT DISTINCT FROM ledger_bucket_as_owner.lane AND x.starts_at <= at AND at < x.ends_at;
+  created := NOT FOUND;
+  IF FOUND THEN
+    -- A claim moved into a sealed bucket would be missed by its filter: it is unsealed first,
+    -- in the move's transaction, so a claim of the key waits for it and then searches it.
+    IF sealed THEN
+      EXECUTE format('DROP TRIGGER IF EXISTS bucket_sealed ON idempotency.%I', bucket);
+      UPDATE idempotency.ledger_buckets AS x SET sealed_at = NULL WHERE x.bucket = ledger_bucket_as_owner.bucket;
+    END IF;
+    RETURN;
+  END IF;
+  starts := to_timestamp(floor(extract(epoch FROM at) / width_s) * width_s);
+  ends := to_timestamp((floor(extract(epoch FROM at) / width_s) + 1) * width_s);
+  -- Seconds as float8 round: `at` on a boundary may fall just outside the range computed.
+  IF starts > at THEN
+    starts := starts - width_s * interval '1 second';
+  END IF;
+  IF ends <= at THEN
+    ends := ends + width_s * interval '1 second';
+  END IF;
+  starts := greatest(starts, (SELECT max(x.ends_at) FROM idempotency.ledger_buckets AS x
+                              WHERE x.lane IS NOT DISTINCT FROM ledger_bucket_as_owner.lane AND x.ends_at <= at));
+  ends := least(ends, (SELECT min(x.starts_at) FROM idempotency.ledger_buckets AS x
+                       WHERE x.lane IS NOT DISTINCT FROM ledger_bucket_as_owner.lane AND x.starts_at > at));
+  -- Lanes are told apart as intervals compare ('1 year' is not '365 days 6 hours', though
+  -- both are 31557600 seconds), so the name spells the lane's months, days and seconds.
+  bucket := format('ledger_%s_%s',
+                   CASE WHEN lane IS NULL THEN 'default'
+                        ELSE format('%sm%sd%ss', extract(year FROM lane)::bigint * 12 + extract(month FROM lane)::bigint,
+                                    extract(day FROM lane)::bigint,
+                                    extract(epoch FROM lane - date_trunc('day', lane))::bigint) END,
+                   to_char(starts AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS'));
+  EXECUTE format('CREATE TABLE idempotency.%I (CONSTRAINT %I PRIMARY KEY (key_digest)) INHERITS (idempotency.ledger)',
+                 bucket, bucket || '_pkey');
+  INSERT INTO idempotency.ledger_buckets (bucket, lane, starts_at, ends_at)
+  VALUES (ledger_bucket_as_owner.bucket, lane, starts, ends);
+END
+$$;
+REVOKE ALL ON FUNCTION idempotency.ledger_bucket_as_owner(interval, interval, timestamptz) FROM PUBLIC;
+
+-- Run as the ledger's owner by idempotency.maintain_ledger_buckets, never by a role itself.
+-- With `make_buckets`, each lane gets the current bucket and the next two. A bucket is
+-- dropped once its every claim has expired, by its lane's retention while a scope has it (else
+-- the undeclared scopes'), and by the retention now of every scope that left the lane since
+-- the bucket began. (An UPDATE of scope_id also counts
+-- the new one as coming from undeclared scopes, whose claims it may have made under that
+-- name.) A drop waits at most 50 ms for claims that still hold the bucket and is tried again
+-- by the next run.
+CREATE FUNCTION idempotency.maintain_ledger_buckets_as_owner(make_buckets boolean, undeclared interval,
+                                                             OUT created integer, OUT dropped integer,
+                                                             OUT dropped_claims bigint)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  b record;
+  n bigint;
+  at timestamptz;
+  made boolean;
+BEGIN
+  created := 0;
+  IF make_buckets THEN
+    FOR b IN SELECT DISTINCT s.retention AS lane, s.retention AS span FROM idempotency.scopes AS s
+             UNION ALL SELECT NULL::interval, undeclared LOOP
+      at := statement_timestamp();
+      FOR i IN 1 .. 3 LOOP
+        -- A bucket made by hand may run to 'infinity': nothing comes after it.
+        EXIT WHEN NOT isfinite(at);
+        SELECT m.ends, m.created INTO at, made FROM idempotency.ledger_bucket_as_owner(b.lane, b.span, at) AS m;
+        created := created + made::integer;
+      END LOOP;
+    END LOOP;
+  END IF;
+  -- Sealing: a bucket ended before every transaction still running began, so none can claim
+  -- into it any more (a claim goes to the bucket of its transaction's start). Its trigger
+  -- keeps every other new key out. Only a role that sees every session's transaction (a
+  -- superuser, pg_read_all_stats) can know that, and only while every session reports when
+  -- its transaction began (a session with track_activities off shows 'disabled'); else the
+  -- buckets stay unsealed. Nor while the ledger itself holds claims, which the purge is still
+  -- moving into buckets (a move into a sealed bucket unseals it, under a lock that claims of
+  -- it would wait for).
+  IF ((SELECT r.rolsuper FROM pg_roles AS r WHERE r.rolname = current_user)
+      OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER'))
+     AND NOT EXISTS (SELECT FROM pg_stat_activity AS a WHERE a.state = 'disabled')
+     AND NOT EXISTS (SELECT FROM ONLY idempotency.ledger) THEN
+    FOR b IN SELECT x.bucket FROM idempotency.ledger_buckets AS x
+             WHERE x.sealed_at IS NULL
+               AND x.ends_at < (SELECT min(a.xact_start) FROM pg_stat_activity AS a)
+             ORDER BY x.starts_at LOOP
+      BEGIN
+        PERFORM set_config('lock_timeout', '50ms', true);
+        EXECUTE format('CREATE TRIGGER bucket_sealed BEFORE INSERT OR UPDATE OF key_digest ON idempotency.%I '
+                       'FOR EACH ROW EXECUTE FUNCTION idempotency.bucket_sealed()', b.bucket);
+        -- clock_timestamp(), not now(): a bucket unsealed and sealed again in one transaction
+        -- gets a seal of its own, which tells each session's filter that its keys changed.
+        UPDATE idempotency.ledger_buckets AS x SET sealed_at = clock_timestamp() WHERE x.bucket = b.bucket;
+      EXCEPTION WHEN lock_not_available THEN
+        NULL;
+      END;
+    END LOOP;
+  END IF;
+  UPDATE idempotency.retention_changes AS c SET seen_at = statement_timestamp() WHERE c.seen_at IS NULL;
+  dropped := 0;
+  dropped_claims := 0;
+  FOR b IN SELECT x.bucket, x.ends_at,
+                  -- A lane no scope has now was left by scopes forgotten or redeclared
+                  -- (recorded below), or emptied by a TRUNCATE (not recorded): either way its
+                  -- claims follow the default retention now, or their scopes' new ones.
+                  greatest(CASE WHEN x.lane IS NOT NULL
+                                 AND EXISTS (SELECT FROM idempotency.scopes AS s WHERE s.retention = x.lane)
+                                THEN x.lane ELSE undeclared END,
+                           (SELECT max(coalesce(s.retention, undeclared))
+                            FROM idempotency.retention_changes AS c
+                            LEFT JOIN idempotency.scopes AS s ON s.scope_id = c.scope_id
+                            WHERE x.starts_at <= c.seen_at AND c.old_lane IS NOT DISTINCT FROM x.lane)) AS kept_for
+           FROM idempotency.ledger_buckets AS x ORDER BY x.starts_at LOOP
+    CONTINUE WHEN b.ends_at > idempotency.expired_before(b.kept_for);
+    BEGIN
+      -- Until the function returns, which sets back what its SET clause saved.
+      PERFORM set_config('lock_timeout', '50ms', true);
+      EXECUTE format('LOCK TABLE idempotency.%I IN ACCESS EXCLUSIVE MODE', b.bucket);
+      EXECUTE format('SELECT count(*) FROM ONLY idempotency.%I', b.bucket) INTO n;
+      EXECUTE format('DROP TABLE idempotency.%I', b.bucket);
+      DELETE FROM idempotency.ledger_buckets AS x WHERE x.bucket = b.bucket;
+      dropped := dropped + 1;
+      dropped_claims := dropped_claims + n;
+    EXCEPTION WHEN lock_not_available THEN
+      NULL;
+    END;
+  END LOOP;
+  DELETE FROM idempotency.retention_changes AS c
+  WHERE c.seen_at < coalesce((SELECT min(x.starts_at) FROM idempotency.ledger_buckets AS x), now());
+  -- Once every claim of the ledger itself has moved into buckets, its index still holds the
+  -- pages they took (a btree never gives pages back): truncated once the ledger is seen empty
+  -- under a lock that waits at most 50 ms, as a drop does. A foreign key of yours that
+  -- references the ledger keeps it as it is (0A000).
+  IF EXISTS (SELECT FROM idempotency.ledger_buckets)
+     AND coalesce(pg_relation_size(to_regclass('idempotency.ledger_pkey')), 0) > 8 * 1024 * 1024
+     AND NOT EXISTS (SELECT FROM ONLY idempotency.ledger) THEN
+    BEGIN
+      PERFORM set_config('lock_timeout', '50ms', true);
+      LOCK TABLE ONLY idempotency.ledger IN ACCESS EXCLUSIVE MODE;
+      IF NOT EXISTS (SELECT FROM ONLY idempotency.ledger) THEN
+        TRUNCATE ONLY idempotency.ledger;
+      END IF;
+    EXCEPTION WHEN lock_not_available OR feature_not_supported THEN
+      NULL;
+    END;
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION idempotency.maintain_ledger_buckets_as_owner(boolean, interval) FROM PUBLIC;
+
+-- Moves the claims of the ledger itself in blocks [first_block, last_block) that have not
+-- expired into their buckets (by the scope's lane and the claim's time), once the ledger has
+-- buckets and no trigger or rule of its own: a ledger made before buckets, or claims that
+-- found no bucket ready. In two steps, each its own transaction: `prepare` makes (or
+-- unseals) the buckets the claims go to, and commits, so that every claim that searches from
+-- then on knows them as they are; the move then passes each key's lock before it deletes the
+-- key's row from the ledger, so a claim that took the lock earlier has finished its search
+-- (it found the row), and one that takes it later meets the row deleted by a transaction in
+-- progress, waits for the move, and then finds the key in its bucket. Run as the ledger's
+-- owner.
+CREATE FUNCTION idempotency.move_to_buckets_as_owner(first_block bigint, last_block bigint, undeclared interval,
+                                                     prepare boolean)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  claim record;
+  target record;
+  n bigint;
+  done bigint := 0;
+  first_tid tid := format('(%s,0)', first_block)::tid;
+  last_tid tid := format('(%s,0)', last_block)::tid;
+BEGIN
+  IF NOT EXISTS (SELECT FROM idempotency.ledger_buckets)
+     OR EXISTS (SELECT FROM pg_trigger AS t WHERE t.tgrelid = 'idempotency.ledger'::regclass)
+     OR EXISTS (SELECT FROM pg_rewrite AS r WHERE r.ev_class = 'idempotency.ledger'::regclass) THEN
+    RETURN 0;
+  END IF;
+  -- One bucket at a time, found from a claim whose bucket is not ready (prepare) or is (the
+  -- move): a range of blocks holds claims of few buckets.
+  LOOP
+    SELECT s.retention AS lane, coalesce(s.retention, undeclared) AS span, l.claimed_at,
+           b.bucket, b.starts_at, b.ends_at INTO claim
+    FROM ONLY idempotency.ledger AS l
+    LEFT JOIN idempotency.scopes AS s ON s.scope_id = l.scope_id
+    LEFT JOIN idempotency.ledger_buckets AS b
+           ON b.lane IS NOT DISTINCT FROM s.retention AND b.starts_at <= l.claimed_at
+          AND l.claimed_at < b.ends_at AND b.sealed_at IS NULL
+    WHERE l.ctid >= first_tid AND l.ctid < last_tid
+      AND l.claimed_at >= idempotency.expired_before(coalesce(s.retention, undeclared))
+      AND (b.bucket IS NULL) = prepare
+    LIMIT 1;
+    EXIT WHEN NOT FOUND;
+    IF prepare THEN
+      PERFORM idempotency.ledger_bucket_as_owner(claim.lane, claim.span, claim.claimed_at);
+      done := done + 1;
+      CONTINUE;
+    END IF;
+    EXECUTE format(
+      'WITH moved AS (
+         DELETE FROM ONLY idempotency.ledger AS l
+         WHERE l.ctid >= $1 AND l.ctid < $2 AND l.claimed_at >= $3 AND l.claimed_at < $4
+           AND (SELECT s.retention FROM idempotency.scopes AS s WHERE s.scope_id = l.scope_id) IS NOT DISTINCT FROM $5
+           AND idempotency.key_barrier(l.key_digest)
+         RETURNING l.*)
+       INSERT INTO idempotency.%I SELECT * FROM moved ON CONFLICT (key_digest) DO NOTHING', claim.bucket)
+    USING first_tid, last_tid, claim.starts_at, claim.ends_at, claim.lane;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    -- Nothing moved: a concurrent change took the claim; the next run sees it anew.
+    EXIT WHEN n = 0;
+    done := done + n;
+  END LOOP;
+  RETURN done;
+END
+$$;
+REVOKE ALL ON FUNCTION idempotency.move_to_buckets_as_owner(bigint, bigint, interval, boolean) FROM PUBLIC;
+
+-- Waits for any claim holding the key's lock to finish, then lets it go: a claim holds it
+-- from its search to its insert (src/postgres/unique.rs).
+CREATE FUNCTION idempotency.key_barrier(key_digest uuid) RETURNS boolean
+LANGUAGE c VOLATILE STRICT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'key_barrier_entry';
+REVOKE ALL ON FUNCTION idempotency.key_barrier(uuid) FROM PUBLIC;
+
+CREATE FUNCTION idempotency.maintain_ledger_buckets()
+RETURNS TABLE (created integer, dropped integer, dropped_claims bigint)
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'maintain_ledger_buckets_entry';
+CREATE FUNCTION idempotency.move_to_buckets(first_block bigint, last_block bigint, prepare boolean DEFAULT false)
+RETURNS bigint
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'move_to_buckets_entry';
+COMMENT ON FUNCTION idempotency.move_to_buckets(bigint, bigint, boolean) IS
+  'Moves the unexpired claims of the ledger itself in blocks [first_block, last_block) into their buckets, once it has buckets; with prepare, only makes or unseals those buckets, which must be committed before the move. For a role that may DELETE from idempotency.ledger; idem_purge runs both after each batch of the ledger.';
+
+COMMENT ON FUNCTION idempotency.maintain_ledger_buckets() IS
+  'Drops the ledger''s buckets whose claims have all expired (dropped_claims: how many), and makes the next ones once the ledger holds idempotency.ledger_buckets_from claims; for a role that may DELETE from idempotency.ledger. idem_purge runs it first.';
+
+-- The estimate samples the ledger with its buckets, so its share is of all their blocks.
+CREATE OR REPLACE FUNCTION idempotency.ledger_estimate(since interval)
+RETURNS TABLE (scope_id bigint, claims bigint, claims_since bigint, bytes bigint)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  tables regclass[] := ARRAY(SELECT 'idempotency.ledger'::regclass
+                             UNION ALL
+                             SELECT i.inhrelid::regclass FROM pg_inherits AS i
+                             WHERE i.inhparent = 'idempotency.ledger'::regclass);
+  blocks float8 := GREATEST((SELECT sum(pg_relation_size(t)) FROM unnest(tables) AS t)
+                            / current_setting('block_size')::float8, 1);
+  total_bytes float8 := (SELECT sum(pg_total_relation_size(t)) FROM unnest(tables) AS t);
+  percent float8 := LEAST(100, 100 * 10000 / blocks);
+BEGIN
+  RETURN QUERY
+  WITH sampled AS (
+    SELECT l.scope_id AS id, count(*) AS n,
+           count(*) FILTER (WHERE l.claimed_at >= (now() - since)) AS n_since
+    FROM idempotency.ledger AS l TABLESAMPLE SYSTEM (percent)
+    GROUP BY l.scope_id
+  )
+  SELECT x.id,
+         round(x.n * 100 / percent)::int8,
+         round(x.n_since * 100 / percent)::int8,
+         round(total_bytes * x.n::float8 / (sum(x.n) OVER ()))::int8
+  FROM sampled AS x;
 END
 $$;

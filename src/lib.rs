@@ -32,11 +32,13 @@ extension_sql_file!("../sql/idempotency--0.4.0--0.5.0.sql", name = "hostile_inpu
 pub extern "C-unwind" fn _PG_init() {
     postgres::relcache::listen(&[
         postgres::write::forget_shape,
+        claim::forget_layout,
         versioned::forget_plans,
         watermarks::forget_direct_move,
     ]);
     postgres::spi::install_executor_start_hook();
     retention::define_settings();
+    claim::define_settings();
     postgres::write::define_settings();
     outbox::init();
     external::define_settings();

@@ -127,6 +127,15 @@ unguarded! {
     fn timestamp_mi_interval(fcinfo: FunctionCallInfo) -> Datum;
     fn nextval_oid(fcinfo: FunctionCallInfo) -> Datum;
     fn LockDatabaseObject(classid: Oid, objid: Oid, objsubid: uint16, lockmode: LOCKMODE);
+    fn UnlockDatabaseObject(classid: Oid, objid: Oid, objsubid: uint16, lockmode: LOCKMODE);
+    fn index_getnext_tid(scan: IndexScanDesc, direction: ScanDirection::Type) -> ItemPointer;
+    fn nocache_index_getattr(tup: IndexTuple, attnum: ::core::ffi::c_int, tupleDesc: TupleDesc) -> Datum;
+    fn RelationGetNumberOfBlocksInFork(relation: Relation, forkNum: ForkNumber::Type) -> BlockNumber;
+    fn XactLockTableWait(xid: TransactionId, rel: Relation, ctid: ItemPointer, oper: XLTW_Oper::Type);
+    fn SpeculativeInsertionWait(xid: TransactionId, token: uint32);
+    fn get_attnum(relid: Oid, attname: *const ::core::ffi::c_char) -> AttrNumber;
+    fn CacheInvalidateRelcacheByRelid(relid: Oid);
+    fn pg_class_aclcheck(table_oid: Oid, roleid: Oid, mode: AclMode) -> AclResult::Type;
     fn ProcessInterrupts();
     #[link_name = "table_tuple_lock__pgrx_cshim"]
     fn table_tuple_lock(rel: Relation, tid: ItemPointer, snapshot: Snapshot, slot: *mut TupleTableSlot, cid: CommandId, mode: LockTupleMode::Type, wait_policy: LockWaitPolicy::Type, flags: uint8, tmfd: *mut TM_FailureData) -> TM_Result::Type;
@@ -156,6 +165,9 @@ unguarded! {
 unsafe extern "C-unwind" {
     /// Not checked against pgrx's binding, whose `-> !` a function pointer type cannot spell.
     pub fn ReThrowError(edata: *mut pg_sys::ErrorData) -> !;
+    /// Not among pgrx's bindings (access/nbtree.h is not in them); `int
+    /// _bt_getrootheight(Relation rel)` from 15 to 18.
+    pub fn _bt_getrootheight(rel: pg_sys::Relation) -> ::core::ffi::c_int;
 }
 
 /// CHECK_FOR_INTERRUPTS(): a pending cancel or timeout is raised here, inside the caller's

@@ -15,6 +15,8 @@
 //! - [`spi`]: statements prepared once per backend and run through SPI.
 //! - [`time`]: the transaction's start, the clock, and calendar subtraction.
 //! - [`xact`]: values and locks that last as long as the current transaction.
+//! - [`unique`]: one key kept unique across tables none of whose indexes sees the others
+//!   (the ledger's buckets), under the key's lock.
 //! - [`write`]: one row written through the table and index access methods, in the
 //!   executor's own steps, for tables proven plain enough ([`write::is_plain`]).
 
@@ -26,6 +28,7 @@ pub mod role;
 mod settings;
 pub mod spi;
 pub mod time;
+pub mod unique;
 mod version;
 pub mod write;
 pub mod xact;

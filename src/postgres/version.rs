@@ -25,6 +25,11 @@ use pgrx::pg_sys;
 use super::ffi::unguarded;
 
 unguarded! {
+    #[cfg(not(feature = "pg18"))]
+    fn RelationGetPrimaryKeyIndex(relation: Relation) -> Oid;
+    #[cfg(feature = "pg18")]
+    fn RelationGetPrimaryKeyIndex(relation: Relation, deferrable_ok: bool) -> Oid;
+
     #[cfg(feature = "pg15")]
     fn ExecCheckRTPerms(rangeTable: *mut List, ereport_on_violation: bool) -> bool;
     #[cfg(not(feature = "pg15"))]
@@ -356,4 +361,16 @@ pub unsafe fn find_setting(name: &CStr) -> *mut pg_sys::config_generic {
     {
         pg_sys::find_option(name.as_ptr(), false, true, pgrx::PgLogLevel::ERROR as i32)
     }
+}
+
+/// The relcache's primary key index of `rel`, or InvalidOid: from 18 a deferrable one is not
+/// counted unless asked for, which a search by key must not use anyway.
+///
+/// # Safety
+/// `rel` must be open. Unguarded.
+pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
+    #[cfg(not(feature = "pg18"))]
+    return RelationGetPrimaryKeyIndex(rel);
+    #[cfg(feature = "pg18")]
+    return RelationGetPrimaryKeyIndex(rel, false);
 }

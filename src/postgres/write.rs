@@ -328,6 +328,23 @@ pub(super) unsafe fn check_snapshot() -> Option<pg_sys::Snapshot> {
     uses_transaction_snapshot().then(|| ffi::GetLatestSnapshot())
 }
 
+/// Whether `snapshot` sees the committed row in `slot`, or it is this transaction's own: its
+/// own rows are duplicates even where this command cannot see them. Unguarded.
+unsafe fn snapshot_sees(rel: pg_sys::Relation, slot: *mut pg_sys::TupleTableSlot, snapshot: pg_sys::Snapshot) -> bool {
+    ffi::table_tuple_satisfies_snapshot(rel, slot, snapshot) || {
+        let mut isnull = false;
+        let xmin = ffi::slot_getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
+        pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin.value() as u32))
+    }
+}
+
+/// Whether a conflict with the committed row in `slot` is a duplicate rather than a
+/// serialization failure (ExecCheckTIDVisible): always at READ COMMITTED, and under
+/// REPEATABLE READ and SERIALIZABLE when the transaction's snapshot sees it. Unguarded.
+pub(super) unsafe fn row_visible(rel: pg_sys::Relation, slot: *mut pg_sys::TupleTableSlot) -> bool {
+    !uses_transaction_snapshot() || snapshot_sees(rel, slot, ffi::GetTransactionSnapshot())
+}
+
 /// A new statement snapshot with the command counter advanced, as SPI takes one for every
 /// statement it runs: a write sees what committed before it and what this transaction (this
 /// very statement included) wrote before it.
@@ -388,36 +405,47 @@ pub unsafe fn unique_index(rel: pg_sys::Relation, attnums: &[i16]) -> Option<(Un
     let list = pg_sys::RelationGetIndexList(rel);
     let found = (0..pg_sys::list_length(list)).find_map(|n| {
         let index = pg_sys::index_open(pg_sys::list_nth_oid(list, n), pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let form = &*(*index).rd_index;
-        let columns = form.indnkeyatts as usize;
-        let keyed = &form.indkey.values.as_slice(columns);
-        let usable = (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
-            && form.indisunique
-            && form.indimmediate
-            && form.indisvalid
-            && form.indisready
-            && form.indislive
-            && columns == attnums.len()
-            && pg_sys::RelationGetIndexPredicate(index).is_null()
-            && pg_sys::RelationGetIndexExpressions(index).is_null();
-        let positions: Option<Vec<usize>> = attnums.iter().map(|a| keyed.iter().position(|k| k == a)).collect();
-        let result = match positions {
-            Some(positions) if usable => Some((
-                UniqueIndex {
-                    oid: (*index).rd_id,
-                    opfamilies: (0..columns).map(|i| *(*index).rd_opfamily.add(i)).collect(),
-                    input_types: (0..columns).map(|i| *(*index).rd_opcintype.add(i)).collect(),
-                    collations: (0..columns).map(|i| *(*index).rd_indcollation.add(i)).collect(),
-                },
-                positions,
-            )),
-            _ => None,
-        };
+        let result = unique_on(index, attnums).map(|positions| (UniqueIndex::of(index), positions));
         pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
         result
     });
     pg_sys::list_free(list);
     found
+}
+
+/// Where each of `attnums` sits in `index`, if it is such a unique index on exactly them.
+///
+/// # Safety
+/// `index` must be open.
+pub unsafe fn unique_on(index: pg_sys::Relation, attnums: &[i16]) -> Option<Vec<usize>> {
+    let form = &*(*index).rd_index;
+    let columns = form.indnkeyatts as usize;
+    let keyed = &form.indkey.values.as_slice(columns);
+    let usable = (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+        && form.indisunique
+        && form.indimmediate
+        && form.indisvalid
+        && form.indisready
+        && form.indislive
+        && columns == attnums.len()
+        && pg_sys::RelationGetIndexPredicate(index).is_null()
+        && pg_sys::RelationGetIndexExpressions(index).is_null();
+    let positions: Option<Vec<usize>> = attnums.iter().map(|a| keyed.iter().position(|k| k == a)).collect();
+    positions.filter(|_| usable)
+}
+
+impl UniqueIndex {
+    /// # Safety
+    /// `index` must be open.
+    unsafe fn of(index: pg_sys::Relation) -> UniqueIndex {
+        let columns = (*(*index).rd_index).indnkeyatts as usize;
+        UniqueIndex {
+            oid: (*index).rd_id,
+            opfamilies: (0..columns).map(|i| *(*index).rd_opfamily.add(i)).collect(),
+            input_types: (0..columns).map(|i| *(*index).rd_opcintype.add(i)).collect(),
+            collations: (0..columns).map(|i| *(*index).rd_indcollation.add(i)).collect(),
+        }
+    }
 }
 
 /// How one key column is compared through a unique index.
@@ -759,12 +787,7 @@ impl Target {
             if !ffi::table_tuple_fetch_row_version(self.rel, tid, &raw mut pg_sys::SnapshotAnyData, scratch) {
                 return None;
             }
-            let visible = ffi::table_tuple_satisfies_snapshot(self.rel, scratch, (*self.estate).es_snapshot) || {
-                // Our own transaction's rows are duplicates even when this command cannot see them.
-                let mut isnull = false;
-                let xmin = ffi::slot_getsysattr(scratch, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
-                pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(xmin.value() as u32))
-            };
+            let visible = snapshot_sees(self.rel, scratch, (*self.estate).es_snapshot);
             ffi::ExecClearTuple(scratch);
             Some(visible)
         })?;

@@ -14,10 +14,22 @@ use pgrx::JsonB;
 use crate::digest::{abbreviate, fingerprint, parse_key, Scope};
 use crate::error::{finish, required, sqlstate_entry, IdemError, Result, SqlState};
 use crate::postgres::spi::{Statement, StoredJsonb};
+use crate::postgres::time;
 use crate::postgres::write::{
     attnum, open_owned, ColumnDefault, DirectInsert, InsertPrivileges, PermissionCache, Shape,
 };
 use crate::retention::check_late_replay;
+
+mod buckets;
+mod filters;
+
+pub use buckets::forget_layout;
+
+pub fn define_settings() {
+    buckets::define_settings();
+    filters::define_settings();
+}
+use buckets::{Decision, Mode};
 
 // The statements a claim stands for, and the reference the differential tester compares
 // direct claims with: the columns a claim does not name keep their defaults.
@@ -94,21 +106,66 @@ const CLAIM_PRIVILEGES: [InsertPrivileges; 2] = [
     },
 ];
 
+/// The ledger, with RowExclusiveLock, once the caller may use its schema.
+///
+/// # Safety
+/// The caller closes it.
+pub(super) unsafe fn open_ledger() -> Result<pg_sys::Relation> {
+    Ok(LEDGER_OIDS.with(|oids| open_owned(c"idempotency", c"ledger", oids))?)
+}
+
+/// A bucket with RowExclusiveLock, or null if it was dropped meanwhile.
+///
+/// # Safety
+/// The caller closes it.
+unsafe fn open_bucket(bucket: pg_sys::Oid) -> Result<pg_sys::Relation> {
+    Ok(crate::postgres::catch(|| {
+        crate::postgres::ffi::try_relation_open(bucket, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE)
+    })?)
+}
+
+/// The checks the INSERT into the ledger makes before it writes (a read-only transaction,
+/// the role's privileges), for a claim the statement on its bucket writes, as the bucket's
+/// owner: the role needs the ledger's privileges, as for any claim, and none on the bucket.
+fn check_ledger_privileges(columns: Columns) -> Result<()> {
+    // SAFETY: the ledger is open between the two calls; closing it keeps its lock.
+    unsafe {
+        let rel = open_ledger()?;
+        let checked = LEDGER_PERMISSIONS
+            .with(|cache| cache.with((*rel).rd_id, &CLAIM_PRIVILEGES, columns as usize, |p| p.check(rel)));
+        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        Ok(checked?)
+    }
+}
+
 thread_local! {
     /// The OIDs of schema idempotency and of its ledger (see [`open_owned`]).
-    static LEDGER_OIDS: Cell<(pg_sys::Oid, pg_sys::Oid)> = const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
+    pub(super) static LEDGER_OIDS: Cell<(pg_sys::Oid, pg_sys::Oid)> = const { Cell::new((pg_sys::InvalidOid, pg_sys::InvalidOid)) };
     static LEDGER_PERMISSIONS: PermissionCache = const { PermissionCache::new() };
 }
 
 impl Ledger {
     /// Opens the ledger for claims that write `columns`, after the same privilege checks the
-    /// INSERT would get; None when the claim must go through SPI instead.
-    fn open(columns: Columns) -> Result<Option<Ledger>> {
+    /// INSERT would get; None when the claim must go through SPI instead. With a bucket, the
+    /// rows go into it, checked as the INSERT into the ledger is: the bucket is where the
+    /// ledger keeps them.
+    fn open(columns: Columns, bucket: Option<&buckets::Bucket>) -> Result<Option<Ledger>> {
         // SAFETY: the relation stays open until finish(), or until an error's abort.
         unsafe {
-            let rel = LEDGER_OIDS.with(|oids| open_owned(c"idempotency", c"ledger", oids))?;
+            let (ledger, rel) = match bucket {
+                // The claim opened the ledger to choose the bucket, with the schema's checks;
+                // the ledger's privileges are checked below by its OID.
+                Some(bucket) => (bucket.ledger, open_bucket(bucket.relid)?),
+                None => {
+                    let rel = open_ledger()?;
+                    ((*rel).rd_id, rel)
+                }
+            };
+            if rel.is_null() {
+                return Ok(None);
+            }
             let insert = LEDGER_PERMISSIONS.with(|cache| {
-                cache.with((*rel).rd_id, &CLAIM_PRIVILEGES, columns as usize, |p| {
+                cache.with(ledger, &CLAIM_PRIVILEGES, columns as usize, |p| {
                     DirectInsert::open(rel, &LEDGER_SHAPE, p, &[attnum(KEY_DIGEST)])
                 })
             })?;
@@ -164,29 +221,32 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
     let digest = scope.key_digest(key);
     let fingerprint = payload.as_ref().map(|p| fingerprint(&p.0));
 
-    let columns = if fingerprint.is_some() { Columns::KeyAndFingerprint } else { Columns::Key };
     // Whether the claim went in directly: only then is claimed_at known to be now(), the
     // default the direct path requires.
     let direct = Cell::new(false);
+    let insert_into = |bucket: Option<&buckets::Bucket>| {
+        let (inserted, directly) = insert_claim(bucket, digest, scope.id, fingerprint)?;
+        direct.set(directly);
+        Ok::<bool, IdemError>(inserted)
+    };
     let insert = || -> Result<bool> {
-        if let Some(ledger) = Ledger::open(columns)? {
-            let inserted = ledger.claim(digest, scope.id, fingerprint)?;
-            ledger.finish()?;
-            if let Some(inserted) = inserted {
-                direct.set(true);
-                return Ok(inserted);
+        match buckets::mode()? {
+            Mode::Single => {
+                let inserted = insert_into(None)?;
+                if inserted {
+                    buckets::recheck(&[digest])?;
+                }
+                Ok(inserted)
             }
+            Mode::Buckets(ledger) => match ledger.decide(digest, scope.id)? {
+                Decision::Duplicate => Ok(false),
+                Decision::Insert(place) => {
+                    let inserted = insert_into(place.bucket.as_ref())?;
+                    place.release()?;
+                    Ok(inserted)
+                }
+            },
         }
-        let inserted = match fingerprint {
-            Some(f) => INSERT_CLAIM_WITH_FINGERPRINT
-                .run(&[DatumWithOid::from(digest), DatumWithOid::from(scope.id), DatumWithOid::from(f)], |rows| {
-                    rows.len() == 1
-                }),
-            None => {
-                INSERT_CLAIM.run(&[DatumWithOid::from(digest), DatumWithOid::from(scope.id)], |rows| rows.len() == 1)
-            }
-        };
-        Ok(inserted?)
     };
     let inserted = match wait {
         Wait::Block => insert()?,
@@ -201,7 +261,10 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
         // will be told, so the first delivery is told the same: it is read back.
         let claimed_at = match (want_replay, direct.get()) {
             (false, _) => None,
-            (true, true) => Some(transaction_start()),
+            (true, true) => Some(
+                TimestampWithTimeZone::try_from(time::transaction_start())
+                    .expect("the transaction start is a valid timestamp"),
+            ),
             (true, false) => READ_CLAIM
                 .run(&[DatumWithOid::from(digest)], |rows| {
                     (!rows.is_empty()).then(|| rows.get::<TimestampWithTimeZone>(0, 1))
@@ -242,6 +305,39 @@ fn claim(delivery: Delivery<'_>, wait: Wait, want_replay: bool) -> Result<Claim>
     Ok(Claim { claimed: false, claimed_at, result })
 }
 
+/// Inserts a claim into `bucket`, or the ledger itself: directly where it may, else by the
+/// statement. Whether it went in, and whether directly.
+fn insert_claim(
+    bucket: Option<&buckets::Bucket>,
+    digest: Uuid,
+    scope_id: i64,
+    fingerprint: Option<Uuid>,
+) -> Result<(bool, bool)> {
+    let columns = if fingerprint.is_some() { Columns::KeyAndFingerprint } else { Columns::Key };
+    if let Some(ledger) = Ledger::open(columns, bucket)? {
+        let inserted = ledger.claim(digest, scope_id, fingerprint)?;
+        ledger.finish()?;
+        if let Some(inserted) = inserted {
+            return Ok((inserted, true));
+        }
+    }
+    let mut args = vec![DatumWithOid::from(digest), DatumWithOid::from(scope_id)];
+    args.extend(fingerprint.map(DatumWithOid::from));
+    if let Some(bucket) = bucket {
+        check_ledger_privileges(columns)?;
+        if let Some(inserted) = bucket.insert(columns == Columns::KeyAndFingerprint, &args)? {
+            return Ok((inserted, false));
+        }
+    }
+    // Into the ledger itself: without buckets, or where its bucket was dropped since the
+    // claim chose it (still under the key's lock, after the same search).
+    let inserted = match fingerprint {
+        Some(_) => INSERT_CLAIM_WITH_FINGERPRINT.run(&args, |rows| rows.len() == 1)?,
+        None => INSERT_CLAIM.run(&args, |rows| rows.len() == 1)?,
+    };
+    Ok((inserted, false))
+}
+
 /// The claim with lock_timeout at its 1 ms minimum for the INSERT alone: PostgreSQL has no
 /// NOWAIT for ON CONFLICT, and the wait for another transaction's uncommitted row is a lock
 /// wait that lock_timeout ends.
@@ -265,12 +361,6 @@ fn insert_without_waiting(insert: impl Fn() -> Result<bool>, key: &str) -> Resul
         .hint("Requeue the message; if the other transaction commits its claim, the redelivery is a duplicate.")),
         other => other,
     }
-}
-
-fn transaction_start() -> TimestampWithTimeZone {
-    // SAFETY: reads the current transaction's start time; a claim only runs inside one.
-    let ts = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
-    TimestampWithTimeZone::try_from(ts).expect("the transaction start is a valid timestamp")
 }
 
 fn store_result(key: Option<&str>, result: Option<JsonB>, scope: Option<&str>) -> Result<()> {
@@ -313,11 +403,24 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
         return Ok(Vec::new());
     }
     distinct.sort_unstable();
+    let mut inserted: HashSet<[u8; 16]> = HashSet::with_capacity(distinct.len());
+    if let Mode::Buckets(ledger) = buckets::mode()? {
+        // One decision per key, in digest order.
+        for d in &distinct {
+            let digest = Uuid::from_bytes(*d);
+            let Decision::Insert(place) = ledger.decide(digest, scope.id)? else { continue };
+            let (new, _) = insert_claim(place.bucket.as_ref(), digest, scope.id, None)?;
+            place.release()?;
+            if new {
+                inserted.insert(*d);
+            }
+        }
+        return report_many(&scope, &digests, &first_at, &inserted);
+    }
     // Directly while the ledger allows it; the statement takes the rest from the first digest
     // the direct path leaves to it, or all of them.
-    let mut inserted: HashSet<[u8; 16]> = HashSet::with_capacity(distinct.len());
     let mut rest = &distinct[..];
-    if let Some(ledger) = Ledger::open(Columns::Key)? {
+    if let Some(ledger) = Ledger::open(Columns::Key, None)? {
         while let Some((d, after)) = rest.split_first() {
             match ledger.claim(Uuid::from_bytes(*d), scope.id, None)? {
                 Some(new) => {
@@ -337,12 +440,25 @@ fn claim_many(keys: Option<Array<'_, &str>>, scope: Option<&str>) -> Result<Vec<
             inserted.extend((0..rows.len()).filter_map(|i| rows.get::<Uuid>(i, 1)).map(|d| *d.as_bytes()))
         })?;
     }
+    let new: Vec<Uuid> = inserted.iter().map(|d| Uuid::from_bytes(*d)).collect();
+    buckets::recheck(&new)?;
+    report_many(&scope, &digests, &first_at, &inserted)
+}
+
+/// Each key's answer, "new" only at the first position of a digest that went in; and the
+/// duplicates recorded for diagnostics.
+fn report_many(
+    scope: &Scope<'_>,
+    digests: &[Uuid],
+    first_at: &HashMap<[u8; 16], usize>,
+    inserted: &HashSet<[u8; 16]>,
+) -> Result<Vec<bool>> {
     let claimed: Vec<bool> = digests
         .iter()
         .enumerate()
         .map(|(i, d)| first_at[d.as_bytes()] == i && inserted.contains(d.as_bytes()))
         .collect();
-    crate::diagnostics::duplicates(&scope, || {
+    crate::diagnostics::duplicates(scope, || {
         digests.iter().zip(&claimed).filter(|(_, new)| !**new).map(|(d, _)| *d).collect()
     })?;
     Ok(claimed)
