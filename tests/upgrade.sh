@@ -148,3 +148,49 @@ SQL
   fi
   echo "upgrade $from -> $current: 553 stored keys recognised (and a legacy 10000-year scope purged without error), result replayed, fingerprint kept, $recorded recorded duplicates kept, objects as a fresh install"
 done
+
+# A populated 0.1.0 ledger of a million claims moves into buckets (#13): the update changes
+# no row and takes no long lock; once the ledger holds idempotency.ledger_buckets_from claims
+# (a million), each purge makes buckets and moves the ledger's own claims into them, batch by
+# batch, while every key stays a duplicate.
+oldest=$(head -1 <<<"$released")
+db=idem_upgrade_million
+q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
+q -d "$db" <<SQL >/dev/null
+CREATE EXTENSION idempotency VERSION '$oldest';
+SELECT idem_declare_scope('payments', '3 days');
+INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at)
+SELECT idem_digest('m-' || i, CASE WHEN i % 4 = 0 THEN 'payments' ELSE 'default' END),
+       idem_scope_id(CASE WHEN i % 4 = 0 THEN 'payments' ELSE 'default' END),
+       now() - (i % 144) * interval '1 hour' - interval '30 minutes'
+FROM generate_series(1, 1000000) AS i;
+ANALYZE idempotency.ledger;
+SQL
+q -d "$db" -c "ALTER EXTENSION idempotency UPDATE"
+got=$(q -d "$db" <<'SQL'
+SELECT count(*) FROM idempotency.ledger_buckets;
+CALL idem_purge(batch_blocks => 2048);
+SELECT deleted + moved FROM idempotency.purge_runs ORDER BY run_id DESC LIMIT 1;
+SELECT count(*) FROM ONLY idempotency.ledger;
+SELECT count(*) FROM idempotency.ledger;
+-- Every unexpired key is there (a hash join over them all: the missing ones are the expired),
+-- and claims of a sample answer "duplicate", but for its expired keys.
+SELECT count(*) FROM generate_series(1, 1000000) AS i
+LEFT JOIN idempotency.ledger AS l
+       ON l.key_digest = idem_digest('m-' || i, CASE WHEN i % 4 = 0 THEN 'payments' ELSE 'default' END)
+WHERE l.key_digest IS NULL;
+SELECT count(*) FILTER (WHERE idem_claim('m-' || i, CASE WHEN i % 4 = 0 THEN 'payments' ELSE 'default' END))
+FROM generate_series(1, 1000000, 997) AS i;
+SQL
+)
+# Payments claims (i a multiple of 4) keep 4 days (3 and a day's buffer): those 96.5 to 140.5
+# hours old expired, 12 in every 144 keys; the default scope's keep 7 days, so none of them.
+expired=83328
+# CALL idem_purge answers how many it deleted; a sampled expired key is new again.
+expected=$'0\n'"$expired"$'\n1000000\n0\n'"$((1000000 - expired))"$'\n'"$expired"$'\n84'
+if [[ "$got" != "$expected" ]]; then
+  printf 'upgrade of a million claims into buckets:\nexpected:\n%s\ngot:\n%s\n' "$expected" "$got"
+  exit 1
+fi
+echo "upgrade $oldest -> $current with 1,000,000 claims: the purge moved them into buckets, every unexpired key recognised"
+q -d postgres -c "DROP DATABASE $db"

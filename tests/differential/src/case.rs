@@ -617,7 +617,10 @@ pub struct Case {
 }
 
 /// Ledger variations, each a change a DBA may make (README, "Extending the ledger").
-const LEDGER_CHANGES: [&str; 10] = [
+const LEDGER_CHANGES: [&str; 11] = [
+    // The ledger in time buckets (#13): claims go into the current one, after a search of
+    // every table under the key's lock.
+    "BEGIN; SET LOCAL idempotency.ledger_buckets_from = 0; SELECT idempotency.maintain_ledger_buckets(); COMMIT",
     "CREATE UNIQUE INDEX ledger_extra ON idempotency.ledger (key_digest)",
     "ALTER TABLE idempotency.ledger ALTER claimed_at SET DEFAULT '2001-02-03 04:05:06+00'",
     "ALTER TABLE idempotency.ledger ALTER claimed_at SET DEFAULT now()",
