@@ -96,11 +96,25 @@ fill() {  # fill KIND N: both tables hold keys 1..N, claimed evenly over the 26 
     from=$((to + 1))
   done
   q -c "VACUUM ANALYZE idempotency.ledger, hand_ledger" -c "SELECT setval('next_key', $2)" >/dev/null
+  # As an upgraded ledger of this size moves over: the first purge (with the default
+  # idempotency.ledger_buckets_from) makes the buckets and moves every claim into its own.
+  # The few oldest keys expired while the fill ran: the hand-written table lets them go too.
+  # A second run seals the buckets that ended, as the next scheduled purge would.
+  q -c "CALL idem_purge(batch_blocks => 8192)" \
+    -c "DELETE FROM hand_ledger WHERE claimed_at < (SELECT min(claimed_at) FROM idempotency.ledger)" \
+    -c "VACUUM ANALYZE" -c "SELECT * FROM idempotency.maintain_ledger_buckets()" >/dev/null
+}
+
+# The ledger's bytes: the ledger itself and every bucket, with their indexes.
+ledger_bytes() {
+  q -c "SELECT sum(pg_total_relation_size(t)) FROM (SELECT 'idempotency.ledger'::regclass AS t UNION ALL
+          SELECT i.inhrelid::regclass FROM pg_inherits AS i WHERE i.inhparent = 'idempotency.ledger'::regclass) AS x"
 }
 
 window() {  # window SCRIPT: one claims window; prints "tps wal_bytes_per_claim fpi_per_claim"
-  # Autovacuum would put its WAL into whichever window it falls in.
-  q -c "VACUUM idempotency.ledger, hand_ledger" -c "CHECKPOINT"
+  # Autovacuum would put its WAL into whichever window it falls in (every table: a VACUUM
+  # of the ledger does not reach its buckets).
+  q -c "VACUUM" -c "CHECKPOINT"
   local before out n
   before=$(wal_now)
   out=$(pgbench -n -M prepared -c 2 -j 2 -T "$SECONDS_PER_WINDOW" -f "$1" "$DB" 2>&1)
@@ -124,10 +138,13 @@ measured() {  # measured SQL: SQL after a CHECKPOINT; prints "its value, seconds
   echo "$value $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') ${since% *}"
 }
 
-purge_day() {  # purge_day DAYS: retention shrinks to DAYS days, so one more day expires;
-  # prints "ext_rows ext_s ext_wal hand_rows hand_s hand_wal". The DELETE takes the rows older
-  # than the oldest claim the purge kept: the same keys, whatever time each cutoff was read.
-  q -c "SELECT idem_declare_scope('scale', broker_retention => '$(($1 - 1)) days', buffer => '1 day')" >/dev/null
+purge_oldest() {  # the scope's retention shrinks to just past its oldest bucket, whose claims
+  # expire; prints "ext_rows ext_s ext_wal hand_rows hand_s hand_wal". The DELETE takes the
+  # rows older than the oldest claim the purge kept: the same keys, whatever time each cutoff
+  # was read.
+  q -c "SELECT idem_declare_scope('scale', broker_retention => date_trunc('minute', now() - min(b.ends_at)) - interval '1 day',
+                                  buffer => '1 day')
+        FROM idempotency.ledger_buckets AS b WHERE b.starts_at < now() - interval '1 day'" >/dev/null
   local ext cutoff
   ext=$(measured "CALL idem_purge()")
   cutoff=$(q -c "SELECT min(claimed_at) FROM idempotency.ledger")
@@ -154,9 +171,10 @@ for n in $SIZES; do
     t0=$(date +%s)
     fill "$kind" "$n"
     echo "   ($n $kind: filled in $(($(date +%s) - t0)) s)"
-    ext_bytes=$(q -c "SELECT pg_total_relation_size('idempotency.ledger') / $n::float8")
+    ext_bytes=$(q -c "SELECT $(ledger_bytes) / $n::float8")
     hand_bytes=$(q -c "SELECT pg_total_relation_size('hand_ledger') / $n::float8")
-    days=26
+    # The fill's oldest keys purged so far (keys are numbered from 1 by age).
+    gone=$((n - $(q -c "SELECT count(*) FROM hand_ledger")))
     for setting in $CHECKPOINTS; do
       checkpoints "$setting"
       declare -A tps=() wal=() fpi=()
@@ -167,18 +185,17 @@ for n in $SIZES; do
           tps[$who]+=" $t" wal[$who]+=" $w" fpi[$who]+=" $f"
         done
       done
-      days=$((days - 1))
-      result=$(purge_day "$days")
+      result=$(purge_oldest)
       read -r er es ew hr hs hw <<<"$result"
-      # What the figures stand on: the purge took exactly the day the DELETE took, the newest
-      # key is still a duplicate, a key from the middle of the day purged is claimable again.
-      day=$((26 - days))
+      # What the figures stand on: the purge took exactly the claims the DELETE took, the
+      # newest key is still a duplicate, the oldest purged one is claimable again.
       if [ "$er" != "$hr" ] || [ "$er" -lt 1 ] ||
          [ "$(q -c "SELECT idem_claim($(key_of "$kind" "$n"), 'scale')")" != f ] ||
-         [ "$(q -c "SELECT idem_claim($(key_of "$kind" $(((2 * day - 1) * n / 52))), 'scale')")" != t ]; then
+         [ "$(q -c "SELECT idem_claim($(key_of "$kind" $((gone + 1))), 'scale')")" != t ]; then
         echo "bench-scale: $setting $n $kind: the purge deleted $er claims where the DELETE took $hr, or kept the wrong ones" >&2
         exit 1
       fi
+      gone=$((gone + hr))
       line=$(awk -v s="$setting" -v n="$n" -v k="$kind" \
         -v et="$(median <<<"${tps[ext]}")" -v ht="$(median <<<"${tps[hand]}")" \
         -v ew="$(median <<<"${wal[ext]}")" -v hw="$(median <<<"${wal[hand]}")" \
