@@ -232,6 +232,15 @@ SELECT sealed_at IS NOT NULL AS sealed FROM idempotency.ledger_buckets WHERE buc
 SELECT idem_claim('big-1', 'lengthened') AS big_1, idem_claim('big-6000', 'lengthened') AS big_6000,
        idem_claim('g-1', 'lengthened') AS g_1, idem_claim('g-4', 'lengthened') AS g_4,
        idem_claim('big-6001', 'lengthened') AS big_6001;
+-- A session reads the filter from the buckets' indexes page by page, in their order on
+-- disk: every key is in it, after updates that added index entries (not HOT) and split its
+-- pages too.
+SELECT pg_relation_size('idempotency.ledger_past_big_pkey') AS index_bytes \gset
+UPDATE idempotency.ledger_past_big SET result = jsonb_build_object('note', repeat('x', 100));
+SELECT pg_relation_size('idempotency.ledger_past_big_pkey') > :index_bytes AS index_grew;
+\c idem_buckets
+SELECT count(*) FILTER (WHERE idem_claim('big-' || i, 'lengthened')) AS new_among_6000
+FROM generate_series(1, 6000) AS i;
 
 -- pg_dump keeps every bucket with its rows (tests/dump_restore.sh); the isolation specs
 -- ledger_buckets and bucket_drop race claims across a bucket boundary and against a drop.

@@ -128,9 +128,13 @@ unguarded! {
     fn nextval_oid(fcinfo: FunctionCallInfo) -> Datum;
     fn LockDatabaseObject(classid: Oid, objid: Oid, objsubid: uint16, lockmode: LOCKMODE);
     fn UnlockDatabaseObject(classid: Oid, objid: Oid, objsubid: uint16, lockmode: LOCKMODE);
-    fn index_getnext_tid(scan: IndexScanDesc, direction: ScanDirection::Type) -> ItemPointer;
     fn nocache_index_getattr(tup: IndexTuple, attnum: ::core::ffi::c_int, tupleDesc: TupleDesc) -> Datum;
     fn RelationGetNumberOfBlocksInFork(relation: Relation, forkNum: ForkNumber::Type) -> BlockNumber;
+    fn GetAccessStrategy(btype: BufferAccessStrategyType::Type) -> BufferAccessStrategy;
+    fn FreeAccessStrategy(strategy: BufferAccessStrategy);
+    fn ReadBufferExtended(reln: Relation, forkNum: ForkNumber::Type, blockNum: BlockNumber, mode: ReadBufferMode::Type, strategy: BufferAccessStrategy) -> Buffer;
+    fn LockBuffer(buffer: Buffer, mode: ::core::ffi::c_int);
+    fn UnlockReleaseBuffer(buffer: Buffer);
     fn XactLockTableWait(xid: TransactionId, rel: Relation, ctid: ItemPointer, oper: XLTW_Oper::Type);
     fn SpeculativeInsertionWait(xid: TransactionId, token: uint32);
     fn get_attnum(relid: Oid, attname: *const ::core::ffi::c_char) -> AttrNumber;

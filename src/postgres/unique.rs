@@ -252,34 +252,179 @@ unsafe fn look_up_in(
 /// Every key `table`'s unique btree index on `column` (a uuid) holds an entry for, dead or
 /// alive, handed to `each`, read from the index alone; with the table's relfilenode, which
 /// changes when its rows are rewritten or truncated. None when the table is gone or has no
-/// such index.
+/// such index. The index's leaf pages are read in their order on disk, through a small ring
+/// of buffers: a key-order scan reads them in random order and pushes the claims' own hot
+/// pages out of shared_buffers.
 pub fn each_key(
     table: pg_sys::Oid,
     column: &CStr,
     mut each: impl FnMut(&[u8; 16]),
 ) -> Result<Option<pg_sys::Oid>, PgError> {
-    // SAFETY: the scan is released before the step returns; an error's abort releases it
-    // otherwise. Each entry's key is a uuid, 16 bytes by value; `each` is only borrowed.
+    // SAFETY: each page is read under its buffer's share lock, released before the next; an
+    // error's abort releases them otherwise. Each entry's key is a uuid, 16 bytes by value;
+    // `each` is only borrowed.
     let relfilenode = unsafe {
         with_table(table, |rel| {
             with_key_index(rel, column, |index_rel| {
                 if index_rel.is_null() {
                     return None;
                 }
-                // Every entry, whatever its row's fate: a key some transaction may still hold is in.
-                let scan = version::begin_index_scan(rel, index_rel, &raw mut pg_sys::SnapshotAnyData, 0);
-                (*scan).xs_want_itup = true;
-                ffi::index_rescan(scan, ptr::null_mut(), 0, ptr::null_mut(), 0);
-                while !ffi::index_getnext_tid(scan, pg_sys::ScanDirection::ForwardScanDirection).is_null() {
-                    let datum = ffi::nocache_index_getattr((*scan).xs_itup, 1, (*scan).xs_itupdesc);
+                let descriptor = (*index_rel).rd_att;
+                each_leaf_entry(index_rel, |entry| {
+                    let datum = ffi::nocache_index_getattr(entry, 1, descriptor);
                     each(&*(datum.cast_mut_ptr::<[u8; 16]>()));
-                }
-                ffi::index_endscan(scan);
+                });
                 Some((*(*rel).rd_rel).relfilenode)
             })
         })
     }?;
     Ok(relfilenode.flatten())
+}
+
+/// The special space of a btree page (access/nbtree.h, not among pgrx's bindings), the same
+/// from 14 to 18. Only read through a pointer to a page, so some fields are never named.
+#[repr(C)]
+#[allow(dead_code)]
+struct BTPageOpaqueData {
+    btpo_prev: pg_sys::BlockNumber,
+    btpo_next: pg_sys::BlockNumber,
+    btpo_level: u32,
+    btpo_flags: u16,
+    btpo_cycleid: u16,
+}
+
+const BTP_LEAF: u16 = 1 << 0;
+const BTP_DELETED: u16 = 1 << 2;
+const BTP_HALF_DEAD: u16 = 1 << 4;
+const LP_NORMAL: u32 = 1;
+const LP_DEAD: u32 = 3;
+
+/// Every entry of the btree `index`'s leaf pages (its high keys aside), live or killed, read
+/// in block order. An entry added meanwhile (an UPDATE that is not HOT adds one even where no
+/// new key may go) can split a page not read yet and move entries to a page already passed
+/// or past the last block: the page keeps a right link to it, and after the pass every right
+/// link to a page not read as a leaf is followed. (A page deleted after this transaction
+/// began is not reused while it runs, so a page read as a leaf still is the one read.)
+/// Unguarded.
+///
+/// # Safety
+/// `index` must be an open btree index; `each` may use an entry only for the call.
+unsafe fn each_leaf_entry(index: pg_sys::Relation, mut each: impl FnMut(pg_sys::IndexTuple)) {
+    // SAFETY: each page is pinned and share-locked while it is read.
+    unsafe {
+        let strategy = ffi::GetAccessStrategy(pg_sys::BufferAccessStrategyType::BAS_BULKREAD);
+        let blocks = ffi::RelationGetNumberOfBlocksInFork(index, pg_sys::ForkNumber::MAIN_FORKNUM);
+        let mut read = vec![false; blocks as usize];
+        let mut links = Vec::new();
+        // Block 0 is the metapage.
+        for block in 1..blocks {
+            if let Some(next) = read_leaf(index, block, strategy, &mut each) {
+                read[block as usize] = true;
+                links.push(next);
+            }
+        }
+        // Each page is visited once: a chain that meets a page visited before (read in the
+        // pass, or followed from another link) goes no further than that one went.
+        for mut next in links {
+            while next != 0 && !read.get(next as usize).copied().unwrap_or(false) {
+                // Past the last block when the pass began, if the index grew since.
+                if next as usize >= read.len() {
+                    read.resize(next as usize + 1, false);
+                }
+                read[next as usize] = true;
+                next = match read_leaf(index, next, strategy, &mut each) {
+                    Some(further) => further,
+                    // A deleted page keeps its right link; any other page ends the chain.
+                    None => deleted_page_link(index, next, strategy).unwrap_or(0),
+                };
+            }
+        }
+        ffi::FreeAccessStrategy(strategy);
+    }
+}
+
+/// Reads block `block` of `index`: if it is a live leaf page, hands each of its entries (its
+/// high key aside) to `each` and answers its right link (0 for none). Unguarded.
+///
+/// # Safety
+/// As for [`each_leaf_entry`].
+unsafe fn read_leaf(
+    index: pg_sys::Relation,
+    block: pg_sys::BlockNumber,
+    strategy: pg_sys::BufferAccessStrategy,
+    each: &mut impl FnMut(pg_sys::IndexTuple),
+) -> Option<pg_sys::BlockNumber> {
+    // SAFETY: the page is pinned and share-locked while its entries are read; its line
+    // pointers and special space are within it, as PageInit laid them out.
+    unsafe {
+        with_page(index, block, strategy, |page, header, opaque| {
+            let opaque = opaque?;
+            if opaque.btpo_flags & BTP_LEAF == 0 || opaque.btpo_flags & (BTP_DELETED | BTP_HALF_DEAD) != 0 {
+                return None;
+            }
+            // A page with a right sibling keeps its high key first.
+            let first = usize::from(opaque.btpo_next != 0);
+            let items = (usize::from(header.pd_lower) - std::mem::offset_of!(pg_sys::PageHeaderData, pd_linp))
+                / std::mem::size_of::<pg_sys::ItemIdData>();
+            for item in std::slice::from_raw_parts(header.pd_linp.as_ptr(), items).iter().skip(first) {
+                if item.lp_len() > 0 && matches!(item.lp_flags(), LP_NORMAL | LP_DEAD) {
+                    each(page.add(item.lp_off() as usize).cast_mut().cast());
+                }
+            }
+            Some(opaque.btpo_next)
+        })
+    }
+}
+
+/// The right link of block `block` of `index` if it is a deleted or half-dead page. Unguarded.
+///
+/// # Safety
+/// As for [`each_leaf_entry`].
+unsafe fn deleted_page_link(
+    index: pg_sys::Relation,
+    block: pg_sys::BlockNumber,
+    strategy: pg_sys::BufferAccessStrategy,
+) -> Option<pg_sys::BlockNumber> {
+    // SAFETY: as for read_leaf.
+    unsafe {
+        with_page(index, block, strategy, |_, _, opaque| {
+            opaque.filter(|o| o.btpo_flags & (BTP_DELETED | BTP_HALF_DEAD) != 0).map(|o| o.btpo_next)
+        })
+    }
+}
+
+/// `with` run on block `block` of `index`, pinned and share-locked for the call: the page, its
+/// header, and its btree special space unless it is a new page. Unguarded.
+///
+/// # Safety
+/// As for [`each_leaf_entry`]; `with` may use the page only for the call.
+unsafe fn with_page<T>(
+    index: pg_sys::Relation,
+    block: pg_sys::BlockNumber,
+    strategy: pg_sys::BufferAccessStrategy,
+    with: impl FnOnce(*const u8, &pg_sys::PageHeaderData, Option<&BTPageOpaqueData>) -> T,
+) -> T {
+    // SAFETY: the buffer is pinned and locked until the call returns; an error's abort
+    // releases both otherwise.
+    unsafe {
+        ffi::check_for_interrupts();
+        let buffer = ffi::ReadBufferExtended(
+            index,
+            pg_sys::ForkNumber::MAIN_FORKNUM,
+            block,
+            pg_sys::ReadBufferMode::RBM_NORMAL,
+            strategy,
+        );
+        ffi::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+        let page = pg_sys::BufferGetPage(buffer).cast::<u8>().cast_const();
+        let header = &*page.cast::<pg_sys::PageHeaderData>();
+        // A new page (pd_upper 0) is not yet initialized.
+        let opaque =
+            (header.pd_upper != 0).then(|| &*page.add(usize::from(header.pd_special)).cast::<BTPageOpaqueData>());
+        let result = with(page, header, opaque);
+        ffi::UnlockReleaseBuffer(buffer);
+        result
+    }
 }
 
 /// About how many keys `table` holds, for sizing a filter of them: the planner's count
