@@ -34,10 +34,23 @@ impl Bloom {
         capacity.saturating_mul(BITS_PER_KEY).div_ceil(512).max(1)
     }
 
-    pub fn add(&mut self, key: &[u8; 16]) {
+    fn add(&mut self, key: &[u8; 16]) {
         let (block, bits) = positions(self.blocks.len(), key);
         for bit in bits {
             self.blocks[block][(bit / 64) as usize] |= 1 << (bit % 64);
+        }
+    }
+
+    /// Adds every key of `keys`. In a filter larger than the caches each key's block is a
+    /// cache miss; reading a batch's blocks before setting their bits lets the misses overlap
+    /// instead of coming one after another.
+    pub fn add_all(&mut self, keys: &[[u8; 16]]) {
+        const BATCH: usize = 16;
+        let blocks = self.blocks.len();
+        for batch in keys.chunks(BATCH) {
+            let touched = batch.iter().fold(0, |seen, key| seen ^ self.blocks[block_of(blocks, key)][0]);
+            std::hint::black_box(touched);
+            batch.iter().for_each(|key| self.add(key));
         }
     }
 
@@ -58,12 +71,16 @@ impl Bloom {
 fn positions(blocks: usize, key: &[u8; 16]) -> (usize, [u32; BITS_SET]) {
     let high = u64::from_le_bytes(key[..8].try_into().expect("8 bytes"));
     let low = u64::from_le_bytes(key[8..].try_into().expect("8 bytes"));
-    let block = ((u128::from(high) * blocks as u128) >> 64) as usize;
     let bits = std::array::from_fn(|i| {
         let source = if i < 7 { low >> (9 * i) } else { high >> (9 * (i - 7)) };
         (source & 511) as u32
     });
-    (block, bits)
+    (block_of(blocks, key), bits)
+}
+
+fn block_of(blocks: usize, key: &[u8; 16]) -> usize {
+    let high = u64::from_le_bytes(key[..8].try_into().expect("8 bytes"));
+    ((u128::from(high) * blocks as u128) >> 64) as usize
 }
 
 #[cfg(test)]
@@ -77,7 +94,7 @@ mod tests {
 
     fn filled(n: u64) -> Bloom {
         let mut bloom = Bloom::with_capacity(n as usize);
-        (0..n).for_each(|i| bloom.add(&key(i)));
+        bloom.add_all(&(0..n).map(key).collect::<Vec<_>>());
         bloom
     }
 

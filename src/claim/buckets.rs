@@ -437,8 +437,9 @@ type Table = (pg_sys::Oid, Option<Sealed>);
 fn search(tables: &[Table], digest: Uuid) -> Result<Seen> {
     let key = digest.into_datum().expect("a uuid datum");
     filters::cover(tables.iter().filter_map(|&(table, sealed)| Some((table, sealed?))))?;
+    let ruled_out = filters::ruled_out(digest.as_bytes());
     for &(table, sealed) in tables {
-        if sealed.is_some_and(|sealed| !filters::might_hold(table, sealed, digest.as_bytes())) {
+        if sealed.is_some_and(|sealed| ruled_out(table, sealed)) {
             continue;
         }
         match unique::look_up(table, c"key_digest", key)? {

@@ -3,7 +3,7 @@
 //! set of keys no longer grows. Each backend keeps one filter of the keys of every sealed
 //! bucket it has read, streamed from their indexes the first time a claim meets them, within
 //! `idempotency.ledger_filter_memory`. A claim probes it once (one cache line, however many
-//! buckets are sealed), and searches the sealed buckets only when it says the key may be in
+//! buckets are sealed: [`ruled_out`]), and searches the sealed buckets only when it says the key may be in
 //! one of them: about once in a thousand absent keys. A sealed bucket the filter does not
 //! cover is searched, which is slower and just as exact.
 //!
@@ -101,11 +101,12 @@ pub fn cover(sealed: impl Iterator<Item = (pg_sys::Oid, Sealed)>) -> Result<()> 
     Ok(())
 }
 
-/// Whether the sealed bucket `bucket` may hold `key`: false only when the filter covers the
-/// bucket as it is sealed now (the seal's relfilenode and time, which the layout read with it)
-/// and rules the key out.
-pub fn might_hold(bucket: pg_sys::Oid, sealed: Sealed, key: &[u8; 16]) -> bool {
-    FILTER.with(|f| f.borrow().as_ref().is_none_or(|f| !f.covers(bucket, sealed) || f.bloom.might_hold(key)))
+/// The sealed buckets that cannot hold `key`: those the filter covers as they are sealed now
+/// (the seal's relfilenode and time, which the layout read with it), when it rules the key
+/// out. The filter is asked once, whatever the number of buckets.
+pub fn ruled_out(key: &[u8; 16]) -> impl Fn(pg_sys::Oid, Sealed) -> bool {
+    let absent = FILTER.with(|f| f.borrow().as_ref().is_some_and(|f| !f.bloom.might_hold(key)));
+    move |bucket, sealed| absent && FILTER.with(|f| f.borrow().as_ref().is_some_and(|f| f.covers(bucket, sealed)))
 }
 
 /// Whether the filter covers `bucket` or has left it uncovered, as sealed now.
@@ -121,15 +122,27 @@ impl Filter {
     }
 }
 
+/// Keys read before they go into the filter together ([`Bloom::add_all`]).
+const ADD_BATCH: usize = 4096;
+
 /// Streams the keys of `bucket` into the filter; it covers the bucket if its rows are still
 /// where they were when it was sealed. (Its keys go in either way: a key too many only sends a
 /// claim to a search.)
 fn add(bucket: pg_sys::Oid, sealed: Sealed) -> Result<()> {
     let mut keys = 0;
+    let mut batch = Vec::with_capacity(ADD_BATCH);
+    let add_batch = |batch: &mut Vec<[u8; 16]>| {
+        FILTER.with(|f| f.borrow_mut().as_mut().expect("made before any key is added").bloom.add_all(batch));
+        batch.clear();
+    };
     let read_from = unique::each_key(bucket, c"key_digest", |key| {
         keys += 1;
-        FILTER.with(|f| f.borrow_mut().as_mut().expect("made before any key is added").bloom.add(key));
+        batch.push(*key);
+        if batch.len() == ADD_BATCH {
+            add_batch(&mut batch);
+        }
     })?;
+    add_batch(&mut batch);
     FILTER.with(|f| {
         let mut f = f.borrow_mut();
         let filter = f.as_mut().expect("made before any key is added");
