@@ -256,6 +256,8 @@ fn main() -> ExitCode {
     }
     let started = Instant::now();
     let (mut passed, mut failed, mut printed) = (0u64, 0u64, 0u32);
+    // Repeated last, one line per failing case: a CI log keeps only its tail.
+    let mut failures: Vec<String> = Vec::new();
     let indexes: Box<dyn Iterator<Item = u64>> = match o.only {
         Some(i) => Box::new(std::iter::once(i)),
         None => Box::new(0..),
@@ -306,6 +308,15 @@ fn main() -> ExitCode {
                 }
             }
         }
+        if !found.is_empty() {
+            let labels: Vec<&str> = found.iter().map(|d| d.label.as_str()).take(8).collect();
+            failures.push(format!(
+                "differential: case {index} differs at {}{} (--seed {} --case {index})",
+                labels.join(", "),
+                if found.len() > labels.len() { ", …" } else { "" },
+                o.seed
+            ));
+        }
         if (!found.is_empty() && printed < o.show) || o.only.is_some() {
             printed += 1;
             println!("== case {index}: {verdict}");
@@ -323,6 +334,9 @@ fn main() -> ExitCode {
         } else if !found.is_empty() {
             println!("== case {index}: {verdict} at {}; replay with --seed {} --case {index}", found[0].label, o.seed);
         }
+    }
+    for line in &failures {
+        println!("{line}");
     }
     let elapsed = started.elapsed().as_secs_f64();
     println!("differential: {passed} passed, {failed} failed (seed {}, {elapsed:.1} s)", o.seed);

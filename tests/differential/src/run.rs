@@ -184,8 +184,15 @@ impl Db {
              REVOKE ALL ON idempotency.ledger, idempotency.outbox, idempotency.watermarks FROM diff_app; \
              REVOKE ALL ON SEQUENCE idempotency.outbox_seq FROM diff_app; REVOKE ALL ON SCHEMA idempotency FROM diff_app;"
         };
+        // The TRUNCATE's reset of n_live_tup is flushed before aux writes again: PostgreSQL 15
+        // keeps a table's pending "truncated" mark only until the backend's next committed
+        // write to it (AtEOXact_PgStat_Relations assigns it), so a setup INSERT within a second
+        // (before the next unforced flush) dropped it and the previous case's counts carried
+        // over, in one way's database and not another's (seen under load on 15-cassert).
         self.aux
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS t CASCADE; {ledger} CREATE SCHEMA t"))
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS t CASCADE; {ledger} CREATE SCHEMA t; SELECT pg_stat_force_next_flush()"
+            ))
             .map_err(|e| format!("resetting {}: {}", self.dbname, describe(&e)))
     }
 
