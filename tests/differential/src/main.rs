@@ -241,6 +241,18 @@ impl Part {
     }
 }
 
+fn print_failures(failures: &[String]) {
+    for line in failures {
+        println!("{line}");
+    }
+}
+
+/// A run that cannot go on still lists the cases that failed before.
+fn fail_with(failures: &[String]) -> ExitCode {
+    print_failures(failures);
+    ExitCode::FAILURE
+}
+
 fn main() -> ExitCode {
     let o = options();
     println!("differential: seed {}", o.seed);
@@ -274,7 +286,7 @@ fn main() -> ExitCode {
             Ok(run) => run,
             Err(e) => {
                 eprintln!("differential: case {index}: {e}");
-                return ExitCode::FAILURE;
+                return fail_with(&failures);
             }
         };
         let mut found = differences(&traces, &o.ignore);
@@ -284,10 +296,11 @@ fn main() -> ExitCode {
         } else {
             failed += 1;
         }
+        let mut shrunk = false;
         if !found.is_empty() && printed < o.show {
-            let shrunk =
+            let small =
                 shrink(&mut dbs, case.clone(), &o.ignore).and_then(|small| Ok((run_ways(&mut dbs, &small)?, small)));
-            match shrunk {
+            match small {
                 // A difference that did not come back on a second run is printed as first seen.
                 Ok((run, small)) if !differences(&run.0, &o.ignore).is_empty() => {
                     println!(
@@ -299,22 +312,25 @@ fn main() -> ExitCode {
                     );
                     (traces, scripts) = run;
                     case = small;
+                    shrunk = true;
                     found = differences(&traces, &o.ignore);
                 }
                 Ok(_) => println!("== case {index}: the difference did not come back when run again"),
                 Err(e) => {
                     eprintln!("differential: case {index}: {e}");
-                    return ExitCode::FAILURE;
+                    return fail_with(&failures);
                 }
             }
         }
         if !found.is_empty() {
             let labels: Vec<&str> = found.iter().map(|d| d.label.as_str()).take(8).collect();
             failures.push(format!(
-                "differential: case {index} differs at {}{} (--seed {} --case {index})",
+                "differential: case {index} differs at {}{} (--seed {} --case {index}{})",
                 labels.join(", "),
                 if found.len() > labels.len() { ", …" } else { "" },
-                o.seed
+                o.seed,
+                // The labels' step numbers are then the shrunk case's, printed above.
+                if shrunk { "; shrunk" } else { "" }
             ));
         }
         if (!found.is_empty() && printed < o.show) || o.only.is_some() {
@@ -335,9 +351,7 @@ fn main() -> ExitCode {
             println!("== case {index}: {verdict} at {}; replay with --seed {} --case {index}", found[0].label, o.seed);
         }
     }
-    for line in &failures {
-        println!("{line}");
-    }
+    print_failures(&failures);
     let elapsed = started.elapsed().as_secs_f64();
     println!("differential: {passed} passed, {failed} failed (seed {}, {elapsed:.1} s)", o.seed);
     if failed > 0 {
