@@ -113,10 +113,12 @@ core-test:
 fuzz-short: cargo-fuzz
 	env FUZZ_SECONDS=$${FUZZ_SECONDS:-10} bash tests/fuzz.sh
 
-# pg_regress over pg_test/ and the client-driven tests, against one throwaway cluster.
+# pg_regress over pg_test/ and the client-driven tests, against one throwaway cluster. On a
+# failure pg_virtualenv prints its server log last, so last-words.sh repeats the failure below.
 regress: install
 	$(VIRTUALENV) env PGXS_TEST="$(PGXS_TEST)" REGRESS_TESTS="$(REGRESS_TESTS)" \
-	  ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/run-in-cluster.sh
+	  ISOLATION_TESTS="$(ISOLATION_TESTS)" bash tests/run-in-cluster.sh 2>&1 | tee target/suites.out
+	bash tests/last-words.sh target/suites.out
 
 # #[pg_test] functions run inside a cluster that cargo-pgrx starts as the postgres user.
 pgrx-test: deps

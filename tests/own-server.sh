@@ -133,8 +133,7 @@ tail -n 30 "$RUN/server.log"
 bash tests/leak_sentinel.sh "$RUN/server.log" "$MAJOR" || status=1
 echo "$BUILD: timings: ${timings%, }"
 if [ "$status" != 0 ]; then
-  # The failing suite's last words, below the server log, where a truncated CI log keeps them.
-  grep -B12 '^suites: FAILED' "$CARGO_TARGET_DIR/suites.out" || true
+  bash tests/last-words.sh "$CARGO_TARGET_DIR/suites.out" || true
   echo "$BUILD: FAILED (see above; the full server log is kept in $LOG)"
   exit 1
 fi

@@ -19,7 +19,14 @@ if [ -z "${SERVER_LOG+set}" ]; then
 fi
 passed=0 skipped=""
 
-show_diffs() { cat "$1/regression.diffs" 2>/dev/null | head -300; exit 1; }
+# The diffs, then the failing tests' names (15 prints "... FAILED", 16 on "not ok"), which
+# the failure's repeated last lines then hold.
+show_diffs() {
+  head -300 "$1/regression.diffs" 2>/dev/null
+  echo "failed tests in $1: $(grep -E '\.\.\. FAILED|^not ok' "$1/regression.out" 2>/dev/null |
+    sed -E 's/^(not ok +[0-9]+ +- +|test +| +)//; s/ +\.\.\. FAILED.*| +[0-9]+ ms.*//' | tr '\n' ' ')"
+  exit 1
+}
 
 # A failure's last line names its suite: a CI log keeps only its tail.
 failing=""

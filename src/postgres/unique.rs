@@ -270,19 +270,22 @@ pub fn each_key(
                     return None;
                 }
                 let descriptor = (*index_rel).rd_att;
-                each_leaf_entry(
-                    index_rel,
-                    |entry| {
-                        let datum = ffi::nocache_index_getattr(entry, 1, descriptor);
-                        each(&*(datum.cast_mut_ptr::<[u8; 16]>()));
-                    },
-                    |_| (),
-                );
+                each_leaf_entry(index_rel, |entry| each(&entry_key(entry, descriptor)), |_| ());
                 Some((*(*rel).rd_rel).relfilenode)
             })
         })
     }?;
     Ok(relfilenode.flatten())
+}
+
+/// The uuid an entry of a key index holds in its first column.
+///
+/// # Safety
+/// `entry` is a tuple of the index whose descriptor is `descriptor`, whose first column is a
+/// uuid: 16 bytes, passed by reference.
+unsafe fn entry_key(entry: pg_sys::IndexTuple, descriptor: pg_sys::TupleDesc) -> [u8; 16] {
+    // SAFETY: as the caller promises; the bytes are copied out while the page is locked.
+    unsafe { *ffi::nocache_index_getattr(entry, 1, descriptor).cast_mut_ptr::<[u8; 16]>() }
 }
 
 /// The special space of a btree page (access/nbtree.h, not among pgrx's bindings), the same
@@ -521,8 +524,7 @@ mod tests {
                     each_leaf_entry(
                         index,
                         |entry| {
-                            let datum = ffi::nocache_index_getattr(entry, 1, descriptor);
-                            seen.insert(*datum.cast_mut_ptr::<[u8; 16]>());
+                            seen.insert(entry_key(entry, descriptor));
                         },
                         |block| {
                             if block == 1 {
