@@ -891,6 +891,8 @@ DECLARE
   n bigint;
   at timestamptz;
   made boolean;
+  untracked boolean;
+  oldest_start timestamptz;
 BEGIN
   created := 0;
   IF make_buckets THEN
@@ -905,21 +907,25 @@ BEGIN
       END LOOP;
     END LOOP;
   END IF;
-  -- Sealing: a bucket ended before every transaction still running began, so none can claim
-  -- into it any more (a claim goes to the bucket of its transaction's start). Its trigger
-  -- keeps every other new key out. Only a role that sees every session's transaction (a
-  -- superuser, pg_read_all_stats) can know that, and only while every session reports when
-  -- its transaction began (a session with track_activities off shows 'disabled'); else the
-  -- buckets stay unsealed. Nor while the ledger itself holds claims, which the purge is still
-  -- moving into buckets (a move into a sealed bucket unseals it, under a lock that claims of
-  -- it would wait for).
+  -- Sealing: a bucket ended before every transaction still running in this database began,
+  -- so none can claim into it any more (a claim goes to the bucket of its transaction's
+  -- start). Its trigger keeps every other new key out. Other databases' sessions and
+  -- autovacuum's workers never claim here: a long VACUUM elsewhere holds back no seal. Only a
+  -- role that sees every session's transaction (a superuser, pg_read_all_stats) can know
+  -- that, and only while every session reports when its transaction began (a session with
+  -- track_activities off shows 'disabled'); else the buckets stay unsealed. Nor while the
+  -- ledger itself holds claims, which the purge is still moving into buckets (a move into a
+  -- sealed bucket unseals it, under a lock that claims of it would wait for).
+  SELECT bool_or(a.state = 'disabled'), min(a.xact_start) INTO untracked, oldest_start
+    FROM pg_stat_activity AS a
+   WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+     AND a.backend_type <> 'autovacuum worker';
   IF ((SELECT r.rolsuper FROM pg_roles AS r WHERE r.rolname = current_user)
       OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER'))
-     AND NOT EXISTS (SELECT FROM pg_stat_activity AS a WHERE a.state = 'disabled')
+     AND NOT untracked
      AND NOT EXISTS (SELECT FROM ONLY idempotency.ledger) THEN
     FOR b IN SELECT x.bucket FROM idempotency.ledger_buckets AS x
-             WHERE x.sealed_at IS NULL
-               AND x.ends_at < (SELECT min(a.xact_start) FROM pg_stat_activity AS a)
+             WHERE x.sealed_at IS NULL AND x.ends_at < oldest_start
              ORDER BY x.starts_at LOOP
       BEGIN
         PERFORM set_config('lock_timeout', '50ms', true);

@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 
 use common::{
-    claim, describe, expect_sqlstate, join, ledger_rows, ok, test_db, wait_until, wait_until_blocked, Barrier, TestDb,
-    WAIT_LIMIT,
+    claim, config, connect_admin, describe, expect_sqlstate, join, ledger_rows, ok, test_db, wait_until,
+    wait_until_blocked, Barrier, TestDb,
 };
 use postgres::error::DbError;
-use postgres::{Client, Config, NoTls};
+use postgres::{Client, NoTls};
 
 fn db() -> &'static TestDb {
     test_db("retention", "")
@@ -543,23 +543,8 @@ fn claim_waits_for_the_purge_batch_that_deletes_its_old_claim() {
 
 /// A connection to the test database whose notices (and warnings) are collected.
 fn connect_collecting_notices(dbname: &str) -> (Client, Arc<Mutex<Vec<DbError>>>) {
-    let env = |name: &str, default: &str| {
-        std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
-    };
     let notices = Arc::new(Mutex::new(Vec::new()));
-    let mut config = Config::new();
-    for host in env("PGHOST", "127.0.0.1").split(',') {
-        config.host(host);
-    }
-    for port in env("PGPORT", "5432").split(',') {
-        config.port(port.trim().parse().expect("PGPORT is a port number"));
-    }
-    config.user(&env("PGUSER", "postgres"));
-    if let Ok(password) = std::env::var("PGPASSWORD") {
-        config.password(password);
-    }
-    config.dbname(dbname).application_name("retention-late-client").connect_timeout(WAIT_LIMIT);
-    config.options("-c statement_timeout=90s");
+    let mut config = config(dbname, "retention-late-client");
     let sink = Arc::clone(&notices);
     config.notice_callback(move |notice| sink.lock().unwrap_or_else(|p| p.into_inner()).push(notice));
     let client = config.connect(NoTls).unwrap_or_else(|e| panic!("connect to {dbname}: {}", describe(&e)));
@@ -632,4 +617,45 @@ fn late_replay_is_an_error_or_a_warning_with_id004() {
     assert_eq!((seen[0].0.as_str(), seen[0].1.as_str()), ("WARNING", "ID004"), "the notice: {seen:?}");
     assert!(seen[0].2.contains("\"late\""), "the warning names the scope: {seen:?}");
     assert_eq!(rows_in_scope(&mut c, "late-k", "late"), 1, "the warned claim is stored");
+}
+
+/// A bucket is sealed once no transaction that could still claim into it is running: one of
+/// the ledger's own database that began before the bucket ended holds the seal back; one of
+/// another database (a long report, a VACUUM elsewhere) never claims here and does not.
+#[test]
+fn only_this_databases_older_transactions_hold_back_a_seal() {
+    let _turn = one_at_a_time();
+    let mut c = db().connect("retention-sealer");
+    empty_ledger(&mut c);
+    let mut here = db().connect("retention-older-here");
+    let mut elsewhere = connect_admin("retention-older-elsewhere");
+    ok(here.batch_execute("BEGIN; SELECT 1"), "a transaction here, begun before the bucket ends");
+    ok(elsewhere.batch_execute("BEGIN; SELECT 1"), "a transaction in another database, begun before it ends");
+    ok(
+        c.batch_execute(
+            "CREATE TABLE idempotency.ledger_seal_test (PRIMARY KEY (key_digest)) INHERITS (idempotency.ledger); \
+             INSERT INTO idempotency.ledger_buckets VALUES \
+               ('ledger_seal_test', NULL, now() - interval '1 hour', clock_timestamp()); \
+             SELECT idempotency.ledger_layout_changed()",
+        ),
+        "a bucket that ends now",
+    );
+    let sealed = |c: &mut Client| {
+        ok(c.batch_execute("SELECT idempotency.maintain_ledger_buckets()"), "the purge's bucket pass");
+        count(
+            c,
+            "SELECT count(*) FROM idempotency.ledger_buckets WHERE bucket = 'ledger_seal_test' AND sealed_at IS NOT NULL",
+        )
+    };
+    assert_eq!(sealed(&mut c), 0, "this database's older transaction may still claim into the bucket");
+    ok(here.batch_execute("COMMIT"), "the transaction here ends");
+    assert_eq!(sealed(&mut c), 1, "only another database's older transaction is left, which cannot claim here");
+    ok(elsewhere.batch_execute("COMMIT"), "the transaction elsewhere ends");
+    ok(
+        c.batch_execute(
+            "DROP TABLE idempotency.ledger_seal_test; \
+             DELETE FROM idempotency.ledger_buckets; SELECT idempotency.ledger_layout_changed()",
+        ),
+        "drop the bucket",
+    );
 }

@@ -32,7 +32,7 @@ fn env_or(name: &str, default: &str) -> String {
 /// PGPASSWORD; defaults 127.0.0.1:5432 as postgres), so the same tests run against the
 /// developer's server and inside `pg_virtualenv` in CI. A PGHOST starting with '/' is a
 /// Unix-socket directory.
-fn config(dbname: &str, application_name: &str) -> Config {
+pub fn config(dbname: &str, application_name: &str) -> Config {
     let mut config = Config::new();
     for host in env_or("PGHOST", "127.0.0.1").split(',') {
         config.host(host);
@@ -52,6 +52,12 @@ fn config(dbname: &str, application_name: &str) -> Config {
     // the test reports its failure instead of hanging. Longer than every bounded wait.
     config.options("-c statement_timeout=90s");
     config
+}
+
+/// A session on the cluster's admin database (PGDATABASE, else postgres), outside every
+/// test file's database.
+pub fn connect_admin(application_name: &str) -> Client {
+    connect_to(&env_or("PGDATABASE", "postgres"), application_name)
 }
 
 fn connect_to(dbname: &str, application_name: &str) -> Client {
@@ -84,7 +90,7 @@ pub fn test_db(name: &str, setup: &str) -> &'static TestDb {
 impl TestDb {
     fn create(name: &str, setup: &str) -> TestDb {
         let dbname = format!("idem_client_{name}");
-        let mut admin = connect_to(&env_or("PGDATABASE", "postgres"), "idem-client-admin");
+        let mut admin = connect_admin("idem-client-admin");
         admin
             .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", quote_ident(&dbname)))
             .unwrap_or_else(|e| panic!("drop {dbname}: {}", describe(&e)));
