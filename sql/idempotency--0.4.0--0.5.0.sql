@@ -911,8 +911,8 @@ BEGIN
   -- so none can claim into it any more (a claim goes to the bucket of its transaction's
   -- start). Its trigger keeps every other new key out. Other databases' sessions and
   -- autovacuum's workers never claim here: a long VACUUM elsewhere holds back no seal. Only a
-  -- role that sees every session's transaction (a superuser, pg_read_all_stats) can know
-  -- that, and only while every session reports when its transaction began (a session with
+  -- role that sees every session's transaction (a superuser, or one with pg_read_all_stats's
+  -- privileges: a NOINHERIT member sees NULLs) can know that, and only while every session reports when its transaction began (a session with
   -- track_activities off shows 'disabled'); else the buckets stay unsealed. Nor while the
   -- ledger itself holds claims, which the purge is still moving into buckets (a move into a
   -- sealed bucket unseals it, under a lock that claims of it would wait for).
@@ -921,7 +921,7 @@ BEGIN
    WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
      AND a.backend_type IS DISTINCT FROM 'autovacuum worker';
   IF ((SELECT r.rolsuper FROM pg_roles AS r WHERE r.rolname = current_user)
-      OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER'))
+      OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'))
      AND NOT untracked
      AND NOT EXISTS (SELECT FROM ONLY idempotency.ledger) THEN
     FOR b IN SELECT x.bucket FROM idempotency.ledger_buckets AS x
