@@ -918,7 +918,7 @@ BEGIN
   -- sealed bucket unseals it, under a lock that claims of it would wait for).
   SELECT bool_or(a.state = 'disabled'), min(a.xact_start) INTO untracked, oldest_start
     FROM pg_stat_activity AS a
-   WHERE a.datid = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+   WHERE a.datname = current_database()
      AND a.backend_type IS DISTINCT FROM 'autovacuum worker';
   IF ((SELECT r.rolsuper FROM pg_roles AS r WHERE r.rolname = current_user)
       OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'))
