@@ -971,16 +971,19 @@ BEGIN
   DELETE FROM idempotency.retention_changes AS c
   WHERE c.seen_at < coalesce((SELECT min(x.starts_at) FROM idempotency.ledger_buckets AS x), now());
   -- Once every claim of the ledger itself has moved into buckets, its index still holds the
-  -- pages they took (a btree never gives pages back): truncated once the ledger is seen empty
-  -- under a lock that waits at most 50 ms, as a drop does. A foreign key of yours that
-  -- references the ledger keeps it as it is (0A000).
+  -- pages they took (a btree never gives pages back): truncated under a lock that waits at
+  -- most 50 ms, as a drop does. TRUNCATE is not MVCC-safe: a snapshot older than the move
+  -- would see the moved claims neither here nor in their buckets. So only once the ledger has
+  -- no block at all: VACUUM removed every version of its rows, which it does only when no
+  -- snapshot can see one, and cut the empty blocks off. A foreign key of yours that references
+  -- the ledger keeps it as it is (0A000).
   IF EXISTS (SELECT FROM idempotency.ledger_buckets)
      AND coalesce(pg_relation_size(to_regclass('idempotency.ledger_pkey')), 0) > 8 * 1024 * 1024
-     AND NOT EXISTS (SELECT FROM ONLY idempotency.ledger) THEN
+     AND pg_relation_size('idempotency.ledger') = 0 THEN
     BEGIN
       PERFORM set_config('lock_timeout', '50ms', true);
       LOCK TABLE ONLY idempotency.ledger IN ACCESS EXCLUSIVE MODE;
-      IF NOT EXISTS (SELECT FROM ONLY idempotency.ledger) THEN
+      IF pg_relation_size('idempotency.ledger') = 0 THEN
         TRUNCATE ONLY idempotency.ledger;
       END IF;
     EXCEPTION WHEN lock_not_available OR feature_not_supported THEN

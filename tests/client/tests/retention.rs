@@ -651,7 +651,13 @@ fn only_this_databases_older_transactions_hold_back_a_seal() {
     ok(here.batch_execute("COMMIT"), "the transaction here ends");
     assert_eq!(sealed(&mut c), 1, "only another database's older transaction is left, which cannot claim here");
     ok(elsewhere.batch_execute("COMMIT"), "the transaction elsewhere ends");
-    // The purge made the lanes' buckets too, beside the test's: the ledger is left without any.
+    // The purge made the lanes' buckets too, beside the test's.
+    drop_buckets(&mut c);
+}
+
+/// Leaves the ledger without buckets for the tests after this one: the purge makes them for
+/// every lane once it has made any.
+fn drop_buckets(c: &mut Client) {
     ok(
         c.batch_execute(
             "DO $$ DECLARE b record; BEGIN \
@@ -663,8 +669,58 @@ fn only_this_databases_older_transactions_hold_back_a_seal() {
         "drop the buckets",
     );
     assert_eq!(
-        count(&mut c, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency.ledger'::regclass"),
+        count(c, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency.ledger'::regclass"),
         0,
         "the ledger has no children left for the tests after this one"
     );
+}
+
+/// Once the purge has moved every claim of the ledger itself into buckets, it gives the
+/// ledger's key index back its space (a btree keeps every page it ever had) by truncating the
+/// ledger. TRUNCATE is not MVCC-safe: a repeatable-read transaction whose snapshot predates
+/// the move would then see the moved claims neither in the ledger (emptied by the truncation)
+/// nor in their buckets (filled after its snapshot). So the ledger is truncated only once it
+/// holds no row version at all, dead ones included (VACUUM removed them, which it does only
+/// when no snapshot can see them any more), and then the reader sees every claim throughout.
+#[test]
+fn a_snapshot_older_than_the_move_still_sees_every_claim() {
+    const CLAIMS: i64 = 400_000;
+    let _turn = one_at_a_time();
+    let mut c = db().connect("retention-truncate-purger");
+    empty_ledger(&mut c);
+    ok(
+        c.execute(
+            "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at) \
+             SELECT idem_digest('t-' || i), idem_scope_id('default'), now() - interval '1 day' \
+             FROM generate_series(1, $1::int8) AS i",
+            &[&CLAIMS],
+        ),
+        "fresh claims in the ledger itself, enough for a key index over 8 MB",
+    );
+    let index_size = "SELECT pg_relation_size('idempotency.ledger_pkey')";
+    assert!(count(&mut c, index_size) > 8 << 20, "the ledger's key index is big enough to be given back");
+    let mut reader = db().connect("retention-truncate-reader");
+    ok(
+        reader.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1"),
+        "a snapshot taken before the move, which has not touched the ledger yet",
+    );
+    ok(c.batch_execute("SET idempotency.ledger_buckets_from = 0"), "buckets from the next purge on");
+    ok(purge(&mut c, 1024), "the purge that makes buckets and moves the claims into them");
+    assert_eq!(count(&mut c, "SELECT count(*) FROM ONLY idempotency.ledger"), 0, "every claim moved");
+    ok(purge(&mut c, 1024), "a purge that finds the ledger itself empty");
+    let everything = "SELECT count(*) FROM idempotency.ledger";
+    assert_eq!(count(&mut reader, everything), CLAIMS, "the older snapshot still sees every claim");
+    assert_eq!(
+        count(&mut reader, "SELECT count(*) FROM idempotency.ledger WHERE key_digest = idem_digest('t-7')"),
+        1,
+        "the older snapshot finds a key as the README says"
+    );
+    ok(reader.batch_execute("COMMIT"), "the older snapshot ends");
+    ok(c.batch_execute("VACUUM idempotency.ledger"), "VACUUM removes the moved claims' dead versions");
+    assert_eq!(count(&mut c, "SELECT pg_relation_size('idempotency.ledger')"), 0, "VACUUM left the ledger no block");
+    ok(purge(&mut c, 1024), "a purge that finds the ledger without any row version");
+    assert!(count(&mut c, index_size) <= 16 << 10, "the ledger's key index gave its pages back");
+    assert_eq!(count(&mut c, everything), CLAIMS, "every claim is still there");
+    assert_eq!(ok(claim(&mut c, "t-7"), "claim a moved key again"), false, "a moved key is still a duplicate");
+    drop_buckets(&mut c);
 }
