@@ -1,0 +1,97 @@
+//! The extension's objects handed to a role that is not a superuser (`REASSIGN OWNED`, as a
+//! DBA does when the role that created them goes). The purge seals buckets as the ledger's
+//! owner, reading `pg_stat_activity` for the oldest transaction still running; a role sees
+//! other roles' transactions there only with the privileges of `pg_read_all_stats`, which a
+//! `NOINHERIT` member has as a membership alone.
+
+mod common;
+
+use common::{config, describe, ok, test_db, TestDb};
+use postgres::{Client, NoTls};
+
+const OWNER: &str = "idem_client_ledger_owner";
+const OWNER_PASSWORD: &str = "idem-client-ledger-owner";
+
+/// The roles are the cluster's: the creator is gone once the owner has its objects; the
+/// owner stays (owning this database's), and can log in only while the test runs.
+fn db() -> &'static TestDb {
+    test_db(
+        "ledger_owner",
+        "DO $$ BEGIN CREATE ROLE idem_client_ledger_creator SUPERUSER NOLOGIN; \
+                EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+         DO $$ BEGIN CREATE ROLE idem_client_ledger_owner; \
+                EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+         ALTER ROLE idem_client_ledger_owner LOGIN NOINHERIT PASSWORD 'idem-client-ledger-owner'; \
+         GRANT pg_read_all_stats TO idem_client_ledger_owner; \
+         DROP EXTENSION idempotency; \
+         SET ROLE idem_client_ledger_creator; CREATE EXTENSION idempotency; RESET ROLE; \
+         REASSIGN OWNED BY idem_client_ledger_creator TO idem_client_ledger_owner; \
+         DROP OWNED BY idem_client_ledger_creator; DROP ROLE idem_client_ledger_creator",
+    )
+}
+
+/// A session of the owner itself, whose transactions it sees whatever its privileges.
+fn connect_as_owner(label: &str) -> Client {
+    let mut config = config(&db().name, label);
+    config.user(OWNER).password(OWNER_PASSWORD);
+    config.connect(NoTls).unwrap_or_else(|e| panic!("cannot connect as {OWNER}: {}", describe(&e)))
+}
+
+fn count(c: &mut Client, sql: &str) -> i64 {
+    ok(c.query_one(sql, &[]), sql).get(0)
+}
+
+/// Guarantee: a bucket is sealed only once its owner can see that no transaction that began
+/// before the bucket ended is still running. A `NOINHERIT` member of `pg_read_all_stats` sees
+/// NULL for another role's transaction start, so its buckets are never sealed (claims search
+/// them instead of a filter: slower, never wrong); with the privileges inherited they are
+/// sealed once the older transaction ends, and not before.
+#[test]
+fn an_owner_that_cannot_see_every_transaction_never_seals() {
+    let mut c = db().connect("ledger-owner-sealer");
+    assert_eq!(
+        count(&mut c, "SELECT count(*) FROM pg_class WHERE oid = 'idempotency.ledger'::regclass AND relowner = 'idem_client_ledger_owner'::regrole"),
+        1,
+        "the ledger belongs to {OWNER}"
+    );
+    ok(
+        c.batch_execute(&format!(
+            "CREATE TABLE idempotency.ledger_owner_test (PRIMARY KEY (key_digest)) INHERITS (idempotency.ledger); \
+             ALTER TABLE idempotency.ledger_owner_test OWNER TO {OWNER}; \
+             INSERT INTO idempotency.ledger_buckets VALUES \
+               ('ledger_owner_test', NULL, now() - interval '1 hour', clock_timestamp()); \
+             SELECT idempotency.ledger_layout_changed()"
+        )),
+        "a bucket that ends now, its owner's",
+    );
+    let mut older = db().connect("ledger-owner-older");
+    ok(older.batch_execute("BEGIN; SELECT 1"), "a superuser's transaction, begun before the bucket ends");
+    let sealed = |c: &mut Client| {
+        ok(c.batch_execute("SELECT idempotency.maintain_ledger_buckets()"), "the purge's bucket pass");
+        count(
+            c,
+            "SELECT count(*) FROM idempotency.ledger_buckets WHERE bucket = 'ledger_owner_test' AND sealed_at IS NOT NULL",
+        )
+    };
+    // The owner's own sessions it sees: one whose transaction began after the bucket ended
+    // would be the oldest it knows of.
+    let mut younger = connect_as_owner("ledger-owner-younger");
+    ok(younger.batch_execute("BEGIN; SELECT 1"), "the owner's transaction, begun after the bucket ended");
+    assert_eq!(sealed(&mut c), 0, "the NOINHERIT owner cannot see the older transaction, which may still claim");
+    ok(older.batch_execute("COMMIT"), "the older transaction ends");
+    assert_eq!(sealed(&mut c), 0, "nor can it know that none is left: it never seals");
+    ok(younger.batch_execute("COMMIT"), "the owner's transaction ends");
+
+    ok(c.batch_execute(&format!("ALTER ROLE {OWNER} INHERIT")), "the owner inherits pg_read_all_stats's privileges");
+    ok(older.batch_execute("BEGIN; SELECT 1"), "another older transaction");
+    ok(
+        c.batch_execute(
+            "UPDATE idempotency.ledger_buckets SET ends_at = clock_timestamp() WHERE bucket = 'ledger_owner_test'",
+        ),
+        "the bucket ends after that transaction began",
+    );
+    assert_eq!(sealed(&mut c), 0, "the owner now sees the older transaction, which may still claim");
+    ok(older.batch_execute("COMMIT"), "the older transaction ends");
+    assert_eq!(sealed(&mut c), 1, "no older transaction is left: sealed");
+    ok(c.batch_execute(&format!("ALTER ROLE {OWNER} NOINHERIT NOLOGIN")), "the owner as it was, and without a login");
+}
