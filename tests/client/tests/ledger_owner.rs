@@ -2,7 +2,8 @@
 //! DBA does when the role that created them goes). The purge seals buckets as the ledger's
 //! owner, reading `pg_stat_activity` for the oldest transaction still running; a role sees
 //! other roles' transactions there only with the privileges of `pg_read_all_stats`, which a
-//! `NOINHERIT` member has as a membership alone.
+//! member that does not inherit them (a `NOINHERIT` role; from PostgreSQL 16 on, a grant
+//! `WITH INHERIT FALSE`, the default for such a role) has as a membership alone.
 
 mod common;
 
@@ -21,8 +22,7 @@ fn db() -> &'static TestDb {
                 EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
          DO $$ BEGIN CREATE ROLE idem_client_ledger_owner; \
                 EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
-         ALTER ROLE idem_client_ledger_owner LOGIN NOINHERIT PASSWORD 'idem-client-ledger-owner'; \
-         GRANT pg_read_all_stats TO idem_client_ledger_owner; \
+         ALTER ROLE idem_client_ledger_owner LOGIN PASSWORD 'idem-client-ledger-owner'; \
          DROP EXTENSION idempotency; \
          SET ROLE idem_client_ledger_creator; CREATE EXTENSION idempotency; RESET ROLE; \
          REASSIGN OWNED BY idem_client_ledger_creator TO idem_client_ledger_owner; \
@@ -37,13 +37,28 @@ fn connect_as_owner(label: &str) -> Client {
     config.connect(NoTls).unwrap_or_else(|e| panic!("cannot connect as {OWNER}: {}", describe(&e)))
 }
 
+/// Whether the owner inherits pg_read_all_stats's privileges. From PostgreSQL 16 on a grant
+/// keeps the inheritance it was made with (the role's attribute then), so it is made again.
+fn inherit(c: &mut Client, yes: bool) {
+    let attribute = if yes { "INHERIT" } else { "NOINHERIT" };
+    ok(
+        c.batch_execute(&format!(
+            "ALTER ROLE {OWNER} {attribute}; \
+             REVOKE pg_read_all_stats FROM {OWNER}; GRANT pg_read_all_stats TO {OWNER}"
+        )),
+        &format!("the owner {attribute}"),
+    );
+    let usage = count(c, &format!("SELECT pg_has_role('{OWNER}', 'pg_read_all_stats', 'USAGE')::int::int8"));
+    assert_eq!(usage, i64::from(yes), "the owner has pg_read_all_stats's privileges: {yes}");
+}
+
 fn count(c: &mut Client, sql: &str) -> i64 {
     ok(c.query_one(sql, &[]), sql).get(0)
 }
 
 /// Guarantee: a bucket is sealed only once its owner can see that no transaction that began
-/// before the bucket ended is still running. A `NOINHERIT` member of `pg_read_all_stats` sees
-/// NULL for another role's transaction start, so its buckets are never sealed (claims search
+/// before the bucket ended is still running. A member of `pg_read_all_stats` that does not
+/// inherit its privileges sees NULL for another role's transaction start, so its buckets are never sealed (claims search
 /// them instead of a filter: slower, never wrong); with the privileges inherited they are
 /// sealed once the older transaction ends, and not before.
 #[test]
@@ -62,10 +77,10 @@ fn an_owner_that_cannot_see_every_transaction_never_seals() {
                ('ledger_owner_test', NULL, now() - interval '1 hour', clock_timestamp()); \
              SELECT idempotency.ledger_layout_changed()"
         )),
-        "a bucket that ends now, its owner's",
+        "a bucket of the owner's",
     );
+    inherit(&mut c, false);
     let mut older = db().connect("ledger-owner-older");
-    ok(older.batch_execute("BEGIN; SELECT 1"), "a superuser's transaction, begun before the bucket ends");
     let sealed = |c: &mut Client| {
         ok(c.batch_execute("SELECT idempotency.maintain_ledger_buckets()"), "the purge's bucket pass");
         count(
@@ -73,25 +88,32 @@ fn an_owner_that_cannot_see_every_transaction_never_seals() {
             "SELECT count(*) FROM idempotency.ledger_buckets WHERE bucket = 'ledger_owner_test' AND sealed_at IS NOT NULL",
         )
     };
+    let ends_now = |c: &mut Client| {
+        ok(
+            c.batch_execute(
+                "UPDATE idempotency.ledger_buckets SET ends_at = clock_timestamp() WHERE bucket = 'ledger_owner_test'",
+            ),
+            "the bucket ends now",
+        )
+    };
+
+    ok(older.batch_execute("BEGIN; SELECT 1"), "a superuser's transaction, begun before the bucket ends");
+    ends_now(&mut c);
     // The owner's own sessions it sees: one whose transaction began after the bucket ended
-    // would be the oldest it knows of.
+    // is the oldest it knows of.
     let mut younger = connect_as_owner("ledger-owner-younger");
     ok(younger.batch_execute("BEGIN; SELECT 1"), "the owner's transaction, begun after the bucket ended");
-    assert_eq!(sealed(&mut c), 0, "the NOINHERIT owner cannot see the older transaction, which may still claim");
+    assert_eq!(sealed(&mut c), 0, "the owner cannot see the older transaction, which may still claim into the bucket");
     ok(older.batch_execute("COMMIT"), "the older transaction ends");
     assert_eq!(sealed(&mut c), 0, "nor can it know that none is left: it never seals");
     ok(younger.batch_execute("COMMIT"), "the owner's transaction ends");
 
-    ok(c.batch_execute(&format!("ALTER ROLE {OWNER} INHERIT")), "the owner inherits pg_read_all_stats's privileges");
+    inherit(&mut c, true);
     ok(older.batch_execute("BEGIN; SELECT 1"), "another older transaction");
-    ok(
-        c.batch_execute(
-            "UPDATE idempotency.ledger_buckets SET ends_at = clock_timestamp() WHERE bucket = 'ledger_owner_test'",
-        ),
-        "the bucket ends after that transaction began",
-    );
+    ends_now(&mut c);
     assert_eq!(sealed(&mut c), 0, "the owner now sees the older transaction, which may still claim");
     ok(older.batch_execute("COMMIT"), "the older transaction ends");
     assert_eq!(sealed(&mut c), 1, "no older transaction is left: sealed");
-    ok(c.batch_execute(&format!("ALTER ROLE {OWNER} NOINHERIT NOLOGIN")), "the owner as it was, and without a login");
+    inherit(&mut c, false);
+    ok(c.batch_execute(&format!("ALTER ROLE {OWNER} NOLOGIN")), "the owner without a login again");
 }
