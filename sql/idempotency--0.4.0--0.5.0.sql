@@ -975,8 +975,10 @@ BEGIN
   -- most 50 ms, as a drop does. TRUNCATE is not MVCC-safe: a snapshot older than the move
   -- would see the moved claims neither here nor in their buckets. So only once the ledger has
   -- no block at all: VACUUM removed every version of its rows, which it does only when no
-  -- snapshot can see one, and cut the empty blocks off. A foreign key of yours that references
-  -- the ledger keeps it as it is (0A000).
+  -- snapshot of this server can see one (a standby's queries that could are cancelled), and
+  -- cut the empty blocks off (never under old_snapshot_threshold or vacuum_truncate = off).
+  -- A foreign key of yours that references the ledger keeps it as it is (0A000); so do a
+  -- cursor of this session on it (55006) and a serializable conflict (40001).
   IF EXISTS (SELECT FROM idempotency.ledger_buckets)
      AND coalesce(pg_relation_size(to_regclass('idempotency.ledger_pkey')), 0) > 8 * 1024 * 1024
      AND pg_relation_size('idempotency.ledger') = 0 THEN
@@ -986,7 +988,7 @@ BEGIN
       IF pg_relation_size('idempotency.ledger') = 0 THEN
         TRUNCATE ONLY idempotency.ledger;
       END IF;
-    EXCEPTION WHEN lock_not_available OR feature_not_supported THEN
+    EXCEPTION WHEN lock_not_available OR feature_not_supported OR object_in_use OR serialization_failure THEN
       NULL;
     END;
   END IF;
