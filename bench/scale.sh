@@ -89,10 +89,10 @@ fill() {  # fill KIND N: both tables hold keys 1..N, claimed evenly over the 26 
   while [ "$from" -le "$2" ]; do
     local to=$((from + chunk - 1)); [ "$to" -le "$2" ] || to=$2
     q -c "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at)
-          SELECT idem_digest($key, 'scale'), idem_scope_id('scale'), '$base'::timestamptz - interval '26 days' * ($2 - g) / $2
+          SELECT idem_digest($key, 'scale'), idem_scope_id('scale'), '$base'::timestamptz - interval '26 days' * (($2 - g) / $2::float8)
           FROM generate_series($from, $to) AS g" \
       -c "INSERT INTO hand_ledger (scope, key, claimed_at)
-          SELECT 'scale', $key, '$base'::timestamptz - interval '26 days' * ($2 - g) / $2 FROM generate_series($from, $to) AS g"
+          SELECT 'scale', $key, '$base'::timestamptz - interval '26 days' * (($2 - g) / $2::float8) FROM generate_series($from, $to) AS g"
     from=$((to + 1))
   done
   q -c "VACUUM ANALYZE idempotency.ledger, hand_ledger" -c "SELECT setval('next_key', $2)" >/dev/null
