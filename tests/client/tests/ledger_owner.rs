@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{config, describe, ok, test_db, TestDb};
+use common::{bucket_ending_now, config, count, describe, ok, sealed_after_bucket_pass, test_db, TestDb};
 use postgres::{Client, NoTls};
 
 const OWNER: &str = "idem_client_ledger_owner";
@@ -52,15 +52,11 @@ fn inherit(c: &mut Client, yes: bool) {
     assert_eq!(usage, i64::from(yes), "the owner has pg_read_all_stats's privileges: {yes}");
 }
 
-fn count(c: &mut Client, sql: &str) -> i64 {
-    ok(c.query_one(sql, &[]), sql).get(0)
-}
-
 /// Guarantee: a bucket is sealed only once its owner can see that no transaction that began
 /// before the bucket ended is still running. A member of `pg_read_all_stats` that does not
-/// inherit its privileges sees NULL for another role's transaction start, so its buckets are never sealed (claims search
-/// them instead of a filter: slower, never wrong); with the privileges inherited they are
-/// sealed once the older transaction ends, and not before.
+/// inherit its privileges sees NULL for another role's transaction start, so its buckets are
+/// never sealed (claims search them instead of a filter: slower, never wrong); with the
+/// privileges inherited they are sealed once the older transaction ends, and not before.
 #[test]
 fn an_owner_that_cannot_see_every_transaction_never_seals() {
     let mut c = db().connect("ledger-owner-sealer");
@@ -69,25 +65,10 @@ fn an_owner_that_cannot_see_every_transaction_never_seals() {
         1,
         "the ledger belongs to {OWNER}"
     );
-    ok(
-        c.batch_execute(&format!(
-            "CREATE TABLE idempotency.ledger_owner_test (PRIMARY KEY (key_digest)) INHERITS (idempotency.ledger); \
-             ALTER TABLE idempotency.ledger_owner_test OWNER TO {OWNER}; \
-             INSERT INTO idempotency.ledger_buckets VALUES \
-               ('ledger_owner_test', NULL, now() - interval '1 hour', clock_timestamp()); \
-             SELECT idempotency.ledger_layout_changed()"
-        )),
-        "a bucket of the owner's",
-    );
+    bucket_ending_now(&mut c, "ledger_owner_test", Some(OWNER));
     inherit(&mut c, false);
     let mut older = db().connect("ledger-owner-older");
-    let sealed = |c: &mut Client| {
-        ok(c.batch_execute("SELECT idempotency.maintain_ledger_buckets()"), "the purge's bucket pass");
-        count(
-            c,
-            "SELECT count(*) FROM idempotency.ledger_buckets WHERE bucket = 'ledger_owner_test' AND sealed_at IS NOT NULL",
-        )
-    };
+    let sealed = |c: &mut Client| sealed_after_bucket_pass(c, "ledger_owner_test");
     let ends_now = |c: &mut Client| {
         ok(
             c.batch_execute(

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 
 use common::{
-    claim, config, connect_admin, describe, expect_sqlstate, join, ledger_rows, ok, test_db, wait_until,
-    wait_until_blocked, Barrier, TestDb,
+    bucket_ending_now, claim, config, connect_admin, count, describe, expect_sqlstate, join, ledger_rows, ok,
+    sealed_after_bucket_pass, test_db, wait_until, wait_until_blocked, Barrier, TestDb,
 };
 use postgres::error::DbError;
 use postgres::{Client, NoTls};
@@ -58,10 +58,6 @@ fn fill_interleaved(c: &mut postgres::Client, prefix: &str, rows: i64, fresh_eve
         ),
         "insert interleaved expired and fresh claims",
     );
-}
-
-fn count(c: &mut Client, sql: &str) -> i64 {
-    ok(c.query_one(sql, &[]), sql).get(0)
 }
 
 /// Number of heap blocks of the ledger right now (what idem_purge will walk).
@@ -631,22 +627,8 @@ fn only_this_databases_older_transactions_hold_back_a_seal() {
     let mut elsewhere = connect_admin("retention-older-elsewhere");
     ok(here.batch_execute("BEGIN; SELECT 1"), "a transaction here, begun before the bucket ends");
     ok(elsewhere.batch_execute("BEGIN; SELECT 1"), "a transaction in another database, begun before it ends");
-    ok(
-        c.batch_execute(
-            "CREATE TABLE idempotency.ledger_seal_test (PRIMARY KEY (key_digest)) INHERITS (idempotency.ledger); \
-             INSERT INTO idempotency.ledger_buckets VALUES \
-               ('ledger_seal_test', NULL, now() - interval '1 hour', clock_timestamp()); \
-             SELECT idempotency.ledger_layout_changed()",
-        ),
-        "a bucket that ends now",
-    );
-    let sealed = |c: &mut Client| {
-        ok(c.batch_execute("SELECT idempotency.maintain_ledger_buckets()"), "the purge's bucket pass");
-        count(
-            c,
-            "SELECT count(*) FROM idempotency.ledger_buckets WHERE bucket = 'ledger_seal_test' AND sealed_at IS NOT NULL",
-        )
-    };
+    bucket_ending_now(&mut c, "ledger_seal_test", None);
+    let sealed = |c: &mut Client| sealed_after_bucket_pass(c, "ledger_seal_test");
     assert_eq!(sealed(&mut c), 0, "this database's older transaction may still claim into the bucket");
     ok(here.batch_execute("COMMIT"), "the transaction here ends");
     assert_eq!(sealed(&mut c), 1, "only another database's older transaction is left, which cannot claim here");

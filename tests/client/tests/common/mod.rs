@@ -216,6 +216,35 @@ pub fn ledger_rows(client: &mut Client, key: &str) -> i64 {
         .get(0)
 }
 
+/// The single number `sql` reads.
+pub fn count(client: &mut Client, sql: &str) -> i64 {
+    ok(client.query_one(sql, &[]), sql).get(0)
+}
+
+/// A bucket `name` of the undeclared scopes' lane that began an hour ago and ends now, owned
+/// by `owner` (else by the session's role): the purge's bucket pass seals it once no
+/// transaction that began before it ended can still claim into it.
+pub fn bucket_ending_now(client: &mut Client, name: &str, owner: Option<&str>) {
+    let owned = owner.map(|o| format!("ALTER TABLE idempotency.{name} OWNER TO {o};")).unwrap_or_default();
+    ok(
+        client.batch_execute(&format!(
+            "CREATE TABLE idempotency.{name} (PRIMARY KEY (key_digest)) INHERITS (idempotency.ledger); {owned} \
+             INSERT INTO idempotency.ledger_buckets VALUES ('{name}', NULL, now() - interval '1 hour', clock_timestamp()); \
+             SELECT idempotency.ledger_layout_changed()"
+        )),
+        &format!("bucket {name}, which ends now"),
+    );
+}
+
+/// The purge's bucket pass, then whether bucket `name` is sealed: 1, or 0.
+pub fn sealed_after_bucket_pass(client: &mut Client, name: &str) -> i64 {
+    ok(client.batch_execute("SELECT idempotency.maintain_ledger_buckets()"), "the purge's bucket pass");
+    count(
+        client,
+        &format!("SELECT count(*) FROM idempotency.ledger_buckets WHERE bucket = '{name}' AND sealed_at IS NOT NULL"),
+    )
+}
+
 /// Asserts that amcheck finds each of `tables` intact: its heap, and every one of its indexes
 /// (btree, each checked against the heap with heapallindexed).
 #[track_caller]
