@@ -826,8 +826,10 @@ DECLARE
                   WHERE c.oid = 'idempotency.ledger'::regclass
                      OR c.oid IN (SELECT i.inhrelid FROM pg_inherits AS i
                                   WHERE i.inhparent = 'idempotency.ledger'::regclass));
-  width_s float8 := greatest(least(extract(epoch FROM span) * 1000000 / greatest(held, 1),
-                                   extract(epoch FROM span) / 8, 7 * 86400), 3600);
+  -- Whole seconds, so that buckets of the lane begin and end on whole seconds whatever
+  -- widths they were made with, and no two begin in the second their names spell.
+  width_s float8 := round(greatest(least(extract(epoch FROM span) * 1000000 / greatest(held, 1),
+                                         extract(epoch FROM span) / 8, 7 * 86400), 3600));
   sealed boolean;
 BEGIN
   SELECT x.bucket, x.starts_at, x.ends_at, x.sealed_at IS NOT NULL INTO bucket, starts, ends, sealed
@@ -863,7 +865,11 @@ BEGIN
                         ELSE format('%sm%sd%ss', extract(year FROM lane)::bigint * 12 + extract(month FROM lane)::bigint,
                                     extract(day FROM lane)::bigint,
                                     extract(epoch FROM lane - date_trunc('day', lane))::bigint) END,
-                   to_char(starts AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS'));
+                   to_char(starts AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS')
+                   -- A bucket made by hand may end within a second: the next one's name
+                   -- then spells its microseconds too.
+                   || CASE WHEN date_trunc('second', starts AT TIME ZONE 'UTC') <> starts AT TIME ZONE 'UTC'
+                           THEN to_char(starts AT TIME ZONE 'UTC', '"_"US') ELSE '' END);
   EXECUTE format('CREATE TABLE idempotency.%I (CONSTRAINT %I PRIMARY KEY (key_digest)) INHERITS (idempotency.ledger)',
                  bucket, bucket || '_pkey');
   INSERT INTO idempotency.ledger_buckets (bucket, lane, starts_at, ends_at)

@@ -207,6 +207,29 @@ WHERE l.key_digest IN (idem_digest('g-4', 'lengthened'), idem_digest('g-5', 'len
 GROUP BY 1;
 SELECT idem_claim('g-4', 'lengthened') AS g_4, idem_claim('g-5', 'lengthened') AS g_5;
 
+-- Buckets of a lane begin and end on whole seconds, whatever width each was made with (it
+-- follows the number of claims held), so no two begin in the second their names spell. After
+-- a bucket made by hand that ends within a second, the next one's name spells the
+-- microseconds too. (At 100 M claims, widths in fractions of a second once gave two buckets
+-- one name, and the purge failed with 42P07.)
+CREATE TABLE idempotency.ledger_by_hand_odd (PRIMARY KEY (key_digest)) INHERITS (idempotency.ledger);
+INSERT INTO idempotency.ledger_buckets
+VALUES ('ledger_by_hand_odd', '9 days', '2026-01-01 00:00:00+00'::timestamptz - interval '1 hour',
+        '2026-01-01 00:00:00.5+00');
+SELECT bucket, created FROM idempotency.ledger_bucket_as_owner('9 days', '1 day', '2026-01-01 00:00:00.7+00');
+DROP TABLE idempotency.ledger_by_hand_odd;
+DELETE FROM idempotency.ledger_buckets WHERE bucket = 'ledger_by_hand_odd';
+SELECT bucket, created FROM idempotency.ledger_bucket_as_owner('9 days', '1 day', '2026-01-01 00:00:00.2+00');
+SELECT bucket, created FROM idempotency.ledger_bucket_as_owner('9 days', '1 day 12 seconds', '2026-01-01 03:00:01+00');
+SELECT bucket, extract(epoch FROM ends_at - starts_at) AS seconds
+FROM idempotency.ledger_buckets WHERE lane = '9 days' ORDER BY starts_at;
+DO $$ DECLARE b name; BEGIN
+  FOR b IN DELETE FROM idempotency.ledger_buckets WHERE lane = '9 days' RETURNING bucket LOOP
+    EXECUTE format('DROP TABLE idempotency.%I', b);
+  END LOOP;
+  PERFORM idempotency.ledger_layout_changed();
+END $$;
+
 -- A session keeps one filter for every sealed bucket, and asks it once per claim. A session
 -- without memory for it searches each sealed bucket instead, with the same answers.
 \c idem_buckets
