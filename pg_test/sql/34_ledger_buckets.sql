@@ -267,6 +267,13 @@ FROM generate_series(1, 6000) AS i;
 
 -- pg_dump keeps every bucket with its rows (tests/dump_restore.sh); the isolation specs
 -- ledger_buckets and bucket_drop race claims across a bucket boundary and against a drop.
+-- Buckets are made at run time, so they are not the extension's own (pg_dump would then
+-- leave them out): DROP EXTENSION refuses while they stand, and CASCADE drops them too.
+SELECT sqlstate_of('DROP EXTENSION idempotency') AS drop_extension;
+SET client_min_messages = warning;
+DROP EXTENSION idempotency CASCADE;
+RESET client_min_messages;
+SELECT count(*) AS tables_left FROM pg_tables WHERE schemaname = 'idempotency';
 \c :regress_db
 DROP DATABASE idem_buckets;
 DROP ROLE bucket_app;
