@@ -770,6 +770,16 @@ COMMENT ON FUNCTION idempotency.ledger_layout_changed() IS
   'Makes every session read the ledger''s buckets and the scopes'' lanes again, from its next claim.';
 REVOKE ALL ON FUNCTION idempotency.ledger_layout_changed() FROM PUBLIC;
 
+-- TRUNCATE is not MVCC-safe: the purge truncates the emptied ledger only once no snapshot can
+-- see a version of a row in it, which its key index tells (an entry stays until VACUUM
+-- removes the version, once no snapshot sees it), called with writers locked out.
+CREATE FUNCTION idempotency.ledger_holds_no_row_version() RETURNS boolean
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'ledger_holds_no_row_version_entry';
+COMMENT ON FUNCTION idempotency.ledger_holds_no_row_version() IS
+  'Whether the key index of the ledger itself holds no entry at all, of any row version: then no snapshot sees a row in it.';
+REVOKE ALL ON FUNCTION idempotency.ledger_holds_no_row_version() FROM PUBLIC;
+
 -- SECURITY DEFINER: whoever may declare a scope need not write the extension's bookkeeping.
 CREATE FUNCTION idempotency.scope_changed() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -976,22 +986,25 @@ BEGIN
   END LOOP;
   DELETE FROM idempotency.retention_changes AS c
   WHERE c.seen_at < coalesce((SELECT min(x.starts_at) FROM idempotency.ledger_buckets AS x), now());
-  -- Once every claim of the ledger itself has moved into buckets, its index still holds the
-  -- pages they took (a btree never gives pages back): truncated under a lock that waits at
-  -- most 50 ms, as a drop does. TRUNCATE is not MVCC-safe: a snapshot older than the move
-  -- would see the moved claims neither here nor in their buckets. So only once the ledger has
-  -- no block at all: VACUUM removed every version of its rows, which it does only when no
-  -- snapshot of this server can see one (a standby's queries that could are cancelled), and
-  -- cut the empty blocks off (never under old_snapshot_threshold or vacuum_truncate = off).
+  -- Once every claim of the ledger itself has moved into buckets, it still holds the pages
+  -- they took (a btree never gives pages back, and VACUUM cuts a table's empty blocks off
+  -- only when no claim holds it for a moment): truncated under a lock that waits at most
+  -- 50 ms, as a drop does. TRUNCATE is not MVCC-safe: a snapshot older than the move would
+  -- see the moved claims neither here nor in their buckets. So only once VACUUM removed every
+  -- version of its rows (and their index entries), which it does only when no snapshot of
+  -- this server can see one (a standby's queries that could are cancelled). Not under
+  -- old_snapshot_threshold (15, 16): VACUUM then removes versions old snapshots see, which
+  -- fail with 72000 when they read the page, where a truncated table would answer nothing.
   -- A foreign key of yours that references the ledger keeps it as it is (0A000); so do a
   -- cursor of this session on it (55006) and a serializable conflict (40001).
   IF EXISTS (SELECT FROM idempotency.ledger_buckets)
      AND coalesce(pg_relation_size(to_regclass('idempotency.ledger_pkey')), 0) > 8 * 1024 * 1024
-     AND pg_relation_size('idempotency.ledger') = 0 THEN
+     AND coalesce(current_setting('old_snapshot_threshold', true), '-1') = '-1'
+     AND idempotency.ledger_holds_no_row_version() THEN
     BEGIN
       PERFORM set_config('lock_timeout', '50ms', true);
       LOCK TABLE ONLY idempotency.ledger IN ACCESS EXCLUSIVE MODE;
-      IF pg_relation_size('idempotency.ledger') = 0 THEN
+      IF idempotency.ledger_holds_no_row_version() THEN
         TRUNCATE ONLY idempotency.ledger;
       END IF;
     EXCEPTION WHEN lock_not_available OR feature_not_supported OR object_in_use OR serialization_failure THEN

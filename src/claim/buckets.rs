@@ -534,6 +534,18 @@ fn ledger_layout_changed() {
 }
 sqlstate_entry!(ledger_layout_changed_entry, pg_finfo_ledger_layout_changed_entry, ledger_layout_changed_wrapper);
 
+/// idempotency.ledger_holds_no_row_version: whether no snapshot can see a row version in the
+/// ledger itself, so that the purge may truncate it (under a lock that keeps writers out).
+#[pg_extern(sql = false)]
+fn ledger_holds_no_row_version() -> Option<bool> {
+    finish(ledger().and_then(|ledger| Ok(unique::holds_no_entry(ledger.oid, c"key_digest")?.unwrap_or(false))))
+}
+sqlstate_entry!(
+    ledger_holds_no_row_version_entry,
+    pg_finfo_ledger_holds_no_row_version_entry,
+    ledger_holds_no_row_version_wrapper
+);
+
 static MOVE: Statement = Statement {
     sql: "SELECT idempotency.move_to_buckets_as_owner($1, $2, idempotency.longest_default_retention(), $3)",
     args: &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::BOOLOID],

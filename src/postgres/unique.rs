@@ -180,6 +180,32 @@ unsafe fn btree_is_empty(index: pg_sys::Relation) -> bool {
     }
 }
 
+/// Whether `table`'s key index holds no entry at all, whatever the row version it would point
+/// to: read with SnapshotAny from its first leaf rightwards, where VACUUM unlinks the leaves it
+/// empties, so that an emptied index takes a page or two. Every version of a row is indexed
+/// from its insertion until VACUUM removes it, which it does only once no snapshot can see it;
+/// an entry a scan marked dead (and this one skips) points to such a version too. So with the
+/// table locked against writers, none means no snapshot sees a row there. None when the table
+/// is gone or has no key index.
+pub fn holds_no_entry(table: pg_sys::Oid, column: &CStr) -> Result<Option<bool>, PgError> {
+    // SAFETY: the scan is ended before the index closes; an error's abort releases both.
+    let found = unsafe {
+        with_table(table, |rel| {
+            with_key_index(rel, column, |index| {
+                if index.is_null() {
+                    return None;
+                }
+                let scan = version::begin_index_scan(rel, index, &raw mut pg_sys::SnapshotAnyData, 0);
+                ffi::index_rescan(scan, ptr::null_mut(), 0, ptr::null_mut(), 0);
+                let entry = ffi::index_getnext_tid(scan, pg_sys::ScanDirection::ForwardScanDirection);
+                ffi::index_endscan(scan);
+                Some(entry.is_null())
+            })
+        })
+    }?;
+    Ok(found.flatten())
+}
+
 /// [`look_up`] in an open table through its key index. Unguarded.
 ///
 /// # Safety

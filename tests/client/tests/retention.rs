@@ -666,10 +666,26 @@ fn drop_buckets(c: &mut Client) {
 /// when no snapshot can see them any more), and then the reader sees every claim throughout.
 #[test]
 fn a_snapshot_older_than_the_move_still_sees_every_claim() {
+    moved_claims_stay_visible(true);
+}
+
+/// The same where VACUUM leaves the emptied blocks in place (`vacuum_truncate = off`, or claims
+/// that never let it lock the ledger for a moment): the ledger is truncated all the same once
+/// no row version is left in it, and not before.
+#[test]
+fn the_ledger_is_given_back_where_vacuum_keeps_its_blocks() {
+    moved_claims_stay_visible(false);
+}
+
+fn moved_claims_stay_visible(vacuum_truncate: bool) {
     const CLAIMS: i64 = 400_000;
     let _turn = one_at_a_time();
     let mut c = db().connect("retention-truncate-purger");
     empty_ledger(&mut c);
+    ok(
+        c.batch_execute(&format!("ALTER TABLE idempotency.ledger SET (vacuum_truncate = {vacuum_truncate})")),
+        "whether VACUUM cuts the ledger's empty blocks off",
+    );
     ok(
         c.execute(
             "INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at) \
@@ -693,6 +709,7 @@ fn a_snapshot_older_than_the_move_still_sees_every_claim() {
     ok(c.batch_execute("VACUUM idempotency.ledger"), "VACUUM while the older snapshot may still see the moved claims");
     assert!(count(&mut c, heap_size) > 0, "VACUUM kept the versions the older snapshot sees");
     ok(purge(&mut c, 1024), "a purge that finds the ledger itself empty");
+    assert!(count(&mut c, index_size) > 8 << 20, "the ledger is not truncated while the older snapshot is open");
     let everything = "SELECT count(*) FROM idempotency.ledger";
     assert_eq!(count(&mut reader, everything), CLAIMS, "the older snapshot still sees every claim");
     assert_eq!(
@@ -702,10 +719,11 @@ fn a_snapshot_older_than_the_move_still_sees_every_claim() {
     );
     ok(reader.batch_execute("COMMIT"), "the older snapshot ends");
     // Another snapshot (an autoanalyze's, say) may still hold back VACUUM for a moment.
-    wait_until("VACUUM leaves the ledger without a block", || {
+    wait_until("VACUUM removes every version of the moved claims", || {
         ok(c.batch_execute("VACUUM idempotency.ledger"), "VACUUM removes the moved claims' dead versions");
-        count(&mut c, heap_size) == 0
+        ok(c.query_one("SELECT idempotency.ledger_holds_no_row_version()", &[]), "ask the ledger's key index").get(0)
     });
+    assert_eq!(count(&mut c, heap_size) == 0, vacuum_truncate, "VACUUM cut the emptied blocks off as told");
     ok(
         c.batch_execute(
             "BEGIN; DECLARE open_ledger CURSOR FOR SELECT * FROM idempotency.ledger; FETCH open_ledger; \
@@ -716,7 +734,9 @@ fn a_snapshot_older_than_the_move_still_sees_every_claim() {
     assert!(count(&mut c, index_size) > 8 << 20, "the ledger stays as it is while a cursor of the session reads it");
     ok(purge(&mut c, 1024), "a purge that finds the ledger without any row version");
     assert!(count(&mut c, index_size) <= 16 << 10, "the ledger's key index gave its pages back");
+    assert_eq!(count(&mut c, heap_size), 0, "and so did the ledger");
     assert_eq!(count(&mut c, everything), CLAIMS, "every claim is still there");
     assert!(!ok(claim(&mut c, "t-7"), "claim a moved key again"), "a moved key is still a duplicate");
+    ok(c.batch_execute("ALTER TABLE idempotency.ledger RESET (vacuum_truncate)"), "VACUUM's own default again");
     drop_buckets(&mut c);
 }
