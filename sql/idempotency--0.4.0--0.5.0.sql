@@ -910,6 +910,10 @@ DECLARE
   untracked boolean;
   oldest_start timestamptz;
 BEGIN
+  -- A bucket dropped by hand (its claims went with it) is forgotten: its time range gets a
+  -- bucket again, and claims of the ledger itself made then have somewhere to move.
+  DELETE FROM idempotency.ledger_buckets AS x
+  WHERE to_regclass(format('idempotency.%I', x.bucket)) IS NULL;
   created := 0;
   IF make_buckets THEN
     FOR b IN SELECT DISTINCT s.retention AS lane, s.retention AS span FROM idempotency.scopes AS s

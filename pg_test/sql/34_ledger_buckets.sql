@@ -265,6 +265,21 @@ SELECT pg_relation_size('idempotency.ledger_past_big_pkey') > :index_bytes AS in
 SELECT count(*) FILTER (WHERE idem_claim('big-' || i, 'lengthened')) AS new_among_6000
 FROM generate_series(1, 6000) AS i;
 
+-- A bucket dropped by hand takes its claims with it: they are new again. The next purge
+-- forgets it, makes its time range a bucket again and moves the claims made meanwhile (into
+-- the ledger itself, as no bucket was there for them) into it.
+SELECT bucket AS current_bucket FROM idempotency.ledger_buckets
+WHERE lane IS NULL AND starts_at <= now() AND now() < ends_at \gset
+SELECT idem_claim('dropped-1') AS claimed;
+DROP TABLE idempotency.:"current_bucket";
+SELECT idem_claim('dropped-1') AS new_again, idem_claim('dropped-2') AS claimed;
+SELECT held_in('dropped-1') AS "dropped-1";
+CALL idem_purge();
+SELECT held_in('dropped-1') AS "dropped-1", held_in('dropped-2') AS "dropped-2",
+       (SELECT count(*) FROM idempotency.ledger_buckets
+        WHERE lane IS NULL AND starts_at <= now() AND now() < ends_at) AS current_buckets;
+SELECT idem_claim('dropped-2') AS duplicate, idem_claim('dropped-3') AS claimed, held_in('dropped-3') AS "dropped-3";
+
 -- pg_dump keeps every bucket with its rows (tests/dump_restore.sh); the isolation specs
 -- ledger_buckets and bucket_drop race claims across a bucket boundary and against a drop.
 -- Buckets are made at run time, so they are not the extension's own (pg_dump would then
