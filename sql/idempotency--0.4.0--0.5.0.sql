@@ -842,6 +842,9 @@ DECLARE
                                          extract(epoch FROM span) / 8, 7 * 86400), 3600));
   sealed boolean;
 BEGIN
+  -- As the bucket pass does: a purge's move beside another purge's pass would make the
+  -- bucket twice.
+  LOCK TABLE idempotency.ledger_buckets IN SHARE ROW EXCLUSIVE MODE;
   SELECT x.bucket, x.starts_at, x.ends_at, x.sealed_at IS NOT NULL INTO bucket, starts, ends, sealed
   FROM idempotency.ledger_buckets AS x
   WHERE x.lane IS NOT DISTINCT FROM ledger_bucket_as_owner.lane AND x.starts_at <= at AND at < x.ends_at;
@@ -910,6 +913,10 @@ DECLARE
   untracked boolean;
   oldest_start timestamptz;
 BEGIN
+  -- One bucket pass at a time (a scheduled purge beside one called by hand): two would make,
+  -- seal or drop the same bucket, and the second fail with 42P07, 42710 or 42P01. Claims
+  -- only read ledger_buckets, which this lock lets them do.
+  LOCK TABLE idempotency.ledger_buckets IN SHARE ROW EXCLUSIVE MODE;
   -- A bucket dropped by hand (its claims went with it) is forgotten: its time range gets a
   -- bucket again, and claims of the ledger itself made then have somewhere to move.
   DELETE FROM idempotency.ledger_buckets AS x
