@@ -771,13 +771,13 @@ COMMENT ON FUNCTION idempotency.ledger_layout_changed() IS
 REVOKE ALL ON FUNCTION idempotency.ledger_layout_changed() FROM PUBLIC;
 
 -- TRUNCATE is not MVCC-safe: the purge truncates the emptied ledger only once no snapshot can
--- see a version of a row in it, which its key index tells (an entry stays until VACUUM
--- removes the version, once no snapshot sees it), called with writers locked out.
+-- see a version of a row in it, which VACUUM vouches for, called with writers locked out:
+-- every block all-visible, and no entry, live or marked dead, in its key index.
 CREATE FUNCTION idempotency.ledger_holds_no_row_version() RETURNS boolean
 LANGUAGE c VOLATILE PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'ledger_holds_no_row_version_entry';
 COMMENT ON FUNCTION idempotency.ledger_holds_no_row_version() IS
-  'Whether the key index of the ledger itself holds no entry at all, of any row version: then no snapshot sees a row in it.';
+  'Whether VACUUM left every block of the ledger itself all-visible and its key index without an entry: then no snapshot sees a row in it.';
 REVOKE ALL ON FUNCTION idempotency.ledger_holds_no_row_version() FROM PUBLIC;
 
 -- SECURITY DEFINER: whoever may declare a scope need not write the extension's bookkeeping.
@@ -1002,8 +1002,9 @@ BEGIN
   -- only when no claim holds it for a moment): truncated under a lock that waits at most
   -- 50 ms, as a drop does. TRUNCATE is not MVCC-safe: a snapshot older than the move would
   -- see the moved claims neither here nor in their buckets. So only once VACUUM removed every
-  -- version of its rows (and their index entries), which it does only when no snapshot of
-  -- this server can see one (a standby's queries that could are cancelled). Not under
+  -- version of its rows and their index entries, and marked every block all-visible, which it
+  -- does only when no snapshot of this server can see one (a standby's queries that could
+  -- are cancelled, or held it back through hot_standby_feedback). Not under
   -- old_snapshot_threshold (15, 16): VACUUM then removes versions old snapshots see, which
   -- fail with 72000 when they read the page, where a truncated table would answer nothing.
   -- A foreign key of yours that references the ledger keeps it as it is (0A000); so do a

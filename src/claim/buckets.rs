@@ -538,7 +538,7 @@ sqlstate_entry!(ledger_layout_changed_entry, pg_finfo_ledger_layout_changed_entr
 /// ledger itself, so that the purge may truncate it (under a lock that keeps writers out).
 #[pg_extern(sql = false)]
 fn ledger_holds_no_row_version() -> Option<bool> {
-    finish(ledger().and_then(|ledger| Ok(unique::holds_no_entry(ledger.oid, c"key_digest")?.unwrap_or(false))))
+    finish(ledger().and_then(|ledger| Ok(unique::holds_no_row_version(ledger.oid, c"key_digest")?.unwrap_or(false))))
 }
 sqlstate_entry!(
     ledger_holds_no_row_version_entry,

@@ -48,6 +48,7 @@ unguarded! {
     fn index_rescan(scan: IndexScanDesc, keys: ScanKey, nkeys: ::core::ffi::c_int, orderbys: ScanKey, norderbys: ::core::ffi::c_int);
     fn index_getnext_slot(scan: IndexScanDesc, direction: ScanDirection::Type, slot: *mut TupleTableSlot) -> bool;
     fn index_getnext_tid(scan: IndexScanDesc, direction: ScanDirection::Type) -> ItemPointer;
+    fn visibilitymap_count(rel: Relation, all_visible: *mut BlockNumber, all_frozen: *mut BlockNumber);
     fn index_endscan(scan: IndexScanDesc);
     fn ItemPointerEquals(pointer1: ItemPointer, pointer2: ItemPointer) -> bool;
     fn superuser_arg(roleid: Oid) -> bool;

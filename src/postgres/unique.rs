@@ -180,14 +180,17 @@ unsafe fn btree_is_empty(index: pg_sys::Relation) -> bool {
     }
 }
 
-/// Whether `table`'s key index holds no entry at all, whatever the row version it would point
-/// to: read with SnapshotAny from its first leaf rightwards, where VACUUM unlinks the leaves it
-/// empties, so that an emptied index takes a page or two. Every version of a row is indexed
-/// from its insertion until VACUUM removes it, which it does only once no snapshot can see it;
-/// an entry a scan marked dead (and this one skips) points to such a version too. So with the
-/// table locked against writers, none means no snapshot sees a row there. None when the table
-/// is gone or has no key index.
-pub fn holds_no_entry(table: pg_sys::Oid, column: &CStr) -> Result<Option<bool>, PgError> {
+/// Whether no snapshot, of this server or of a standby it keeps (or will cancel queries of),
+/// can see a version of a row of `table`. VACUUM alone vouches for that, and what it leaves
+/// tells: every block marked all-visible (it marks a block so only once no snapshot sees a
+/// version it removed, and logs the horizon for standbys), and no entry at all in the key
+/// index, not even one a scan marked dead (a mark no standby hears of, made by the primary's
+/// horizon) or one a rebuilt index left out (a rebuild skips rows only this server's
+/// snapshots no longer see, but they stay on blocks not all-visible). The index is read with
+/// SnapshotAny from its first leaf rightwards, where VACUUM unlinks the leaves it empties, so
+/// that an emptied index takes a page or two, and a full one stops at its first entry. None
+/// when the table is gone or has no key index.
+pub fn holds_no_row_version(table: pg_sys::Oid, column: &CStr) -> Result<Option<bool>, PgError> {
     // SAFETY: the scan is ended before the index closes; an error's abort releases both.
     let found = unsafe {
         with_table(table, |rel| {
@@ -195,7 +198,13 @@ pub fn holds_no_entry(table: pg_sys::Oid, column: &CStr) -> Result<Option<bool>,
                 if index.is_null() {
                     return None;
                 }
+                let (mut all_visible, mut all_frozen) = (0, 0);
+                ffi::visibilitymap_count(rel, &raw mut all_visible, &raw mut all_frozen);
+                if all_visible != ffi::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM) {
+                    return Some(false);
+                }
                 let scan = version::begin_index_scan(rel, index, &raw mut pg_sys::SnapshotAnyData, 0);
+                (*scan).ignore_killed_tuples = false;
                 ffi::index_rescan(scan, ptr::null_mut(), 0, ptr::null_mut(), 0);
                 let entry = ffi::index_getnext_tid(scan, pg_sys::ScanDirection::ForwardScanDirection);
                 ffi::index_endscan(scan);
