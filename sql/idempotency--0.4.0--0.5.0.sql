@@ -841,6 +841,7 @@ DECLARE
   width_s float8 := round(greatest(least(extract(epoch FROM span) * 1000000 / greatest(held, 1),
                                          extract(epoch FROM span) / 8, 7 * 86400), 3600));
   sealed boolean;
+  lane_seconds numeric;
 BEGIN
   -- As the bucket pass does: a purge's move beside another purge's pass would make the
   -- bucket twice.
@@ -872,12 +873,16 @@ BEGIN
   ends := least(ends, (SELECT min(x.starts_at) FROM idempotency.ledger_buckets AS x
                        WHERE x.lane IS NOT DISTINCT FROM ledger_bucket_as_owner.lane AND x.starts_at > at));
   -- Lanes are told apart as intervals compare ('1 year' is not '365 days 6 hours', though
-  -- both are 31557600 seconds), so the name spells the lane's months, days and seconds.
+  -- both are 31557600 seconds), so the name spells the lane's months, days and seconds, or
+  -- microseconds where the seconds are not whole ('8 days 0.6 seconds' is not '8 days 0.7
+  -- seconds').
+  lane_seconds := extract(epoch FROM lane - date_trunc('day', lane));
   bucket := format('ledger_%s_%s',
                    CASE WHEN lane IS NULL THEN 'default'
-                        ELSE format('%sm%sd%ss', extract(year FROM lane)::bigint * 12 + extract(month FROM lane)::bigint,
+                        ELSE format('%sm%sd%s', extract(year FROM lane)::bigint * 12 + extract(month FROM lane)::bigint,
                                     extract(day FROM lane)::bigint,
-                                    extract(epoch FROM lane - date_trunc('day', lane))::bigint) END,
+                                    CASE WHEN lane_seconds = trunc(lane_seconds) THEN lane_seconds::bigint || 's'
+                                         ELSE (lane_seconds * 1000000)::bigint || 'us' END) END,
                    to_char(starts AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS')
                    -- A bucket made by hand may end within a second: the next one's name
                    -- then spells its microseconds too.

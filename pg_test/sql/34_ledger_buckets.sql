@@ -230,6 +230,21 @@ DO $$ DECLARE b name; BEGIN
   PERFORM idempotency.ledger_layout_changed();
 END $$;
 
+-- Lanes that differ by a fraction of a second have names of their own: the name spells the
+-- lane's microseconds where its seconds are not whole.
+SELECT (idem_declare_scope('fraction-6', '7 days 0.6 seconds')).retention AS declared,
+       (idem_declare_scope('fraction-7', '7 days 0.7 seconds')).retention AS declared;
+SELECT created > 0 AS made FROM idempotency.maintain_ledger_buckets();
+SELECT DISTINCT lane, substring(bucket FROM '^ledger_[^_]*') AS named
+FROM idempotency.ledger_buckets WHERE lane > '8 days' AND lane < '8 days 1 second' ORDER BY lane;
+SELECT idem_forget_scope('fraction-6'), idem_forget_scope('fraction-7');
+DO $$ DECLARE b name; BEGIN
+  FOR b IN DELETE FROM idempotency.ledger_buckets WHERE lane > '8 days' AND lane < '8 days 1 second' RETURNING bucket LOOP
+    EXECUTE format('DROP TABLE idempotency.%I', b);
+  END LOOP;
+  PERFORM idempotency.ledger_layout_changed();
+END $$;
+
 -- A session keeps one filter for every sealed bucket, and asks it once per claim. A session
 -- without memory for it searches each sealed bucket instead, with the same answers.
 \c idem_buckets
