@@ -24,6 +24,12 @@ SET idempotency.ledger_buckets_from = 0;
 SELECT idem_declare_scope('shipping', '3 days');
 SELECT * FROM idempotency.maintain_ledger_buckets();
 SELECT idem_claim('parcel-' || i, 'shipping'), idem_claim('bucketed-' || i) FROM generate_series(1, 200) AS i;
+-- Claims of two days ago left in the ledger itself: the purge moves them into a bucket of
+-- theirs (and the rest into the current ones), then seals it, with its trigger.
+INSERT INTO idempotency.ledger (key_digest, scope_id, claimed_at)
+SELECT idem_digest('sealed-' || i), idem_scope_id('default'), now() - interval '2 days' FROM generate_series(1, 50) AS i;
+CALL idem_purge();
+SELECT * FROM idempotency.maintain_ledger_buckets();
 SQL
 # The external-call ledger's steps each run on their own (not inside a transaction block).
 psql -qXAt -v ON_ERROR_STOP=1 -d idem_dump_src -c "SELECT state FROM idem_call_begin('order-1:paid', 'billing', 'charge')" \
@@ -34,9 +40,13 @@ got=$(psql -qXAt -v ON_ERROR_STOP=1 -d idem_dump_dst <<'SQL'
 SELECT count(*) FILTER (WHERE idem_claim('order-' || i || ':paid')) FROM generate_series(1, 1000) AS i;
 SELECT count(*) FILTER (WHERE idem_claim('parcel-' || i, 'shipping') OR idem_claim('bucketed-' || i))
 FROM generate_series(1, 200) AS i;
-SELECT count(*) FROM idempotency.ledger_buckets AS b
-WHERE to_regclass(pg_catalog.format('idempotency.%I', b.bucket)) IN
-      (SELECT i.inhrelid FROM pg_inherits AS i WHERE i.inhparent = 'idempotency.ledger'::regclass);
+SELECT count(*) FILTER (WHERE idem_claim('sealed-' || i)) FROM generate_series(1, 50) AS i;
+SELECT bool_and(to_regclass(pg_catalog.format('idempotency.%I', b.bucket)) IN
+                (SELECT i.inhrelid FROM pg_inherits AS i WHERE i.inhparent = 'idempotency.ledger'::regclass)),
+       count(*) FILTER (WHERE b.sealed_at IS NOT NULL AND EXISTS (
+         SELECT FROM pg_trigger AS t WHERE t.tgname = 'bucket_sealed'
+           AND t.tgrelid = pg_catalog.format('idempotency.%I', b.bucket)::regclass)) > 0
+FROM idempotency.ledger_buckets AS b;
 SELECT claimed, result FROM idem_claim_replay('order-1:paid', 'billing');
 SELECT count(*) FROM idempotency.ledger;
 SELECT idem_watermark_advance('payments', 3, 41), idem_watermark('payments', 3);
@@ -49,12 +59,12 @@ SELECT idem_claim('order-4:paid');
 SELECT count(DISTINCT id) FROM idempotency.duplicates;
 SQL
 )
-expected=$'0\n0\n6\nf|{"invoice": 7}\n1401\nf|41\nconfirmed|{"charge_id": "ch_1"}\nin_doubt\n3\nf\n4'
+expected=$'0\n0\n0\nt|t\nf|{"invoice": 7}\n1451\nf|41\nconfirmed|{"charge_id": "ch_1"}\nin_doubt\n3\nf\n4'
 if [[ "$got" != "$expected" ]]; then
   printf 'dump/restore lost claims.\nexpected:\n%s\ngot:\n%s\n' "$expected" "$got"
   exit 1
 fi
-echo "dump/restore: 1401 claims (400 in buckets), a stored result, a watermark, the external-call ledger and the recorded duplicates survived"
+echo "dump/restore: 1451 claims (all in buckets, 50 in a sealed one), a stored result, a watermark, the external-call ledger and the recorded duplicates survived"
 
 # A ledger extended as README's "Extending the ledger" shows: pg_dump keeps its rows, not the
 # change, so a plain restore stops at the ledger's rows (it must fail, never finish without
