@@ -207,6 +207,15 @@ WHERE l.key_digest IN (idem_digest('g-4', 'lengthened'), idem_digest('g-5', 'len
 GROUP BY 1;
 SELECT idem_claim('g-4', 'lengthened') AS g_4, idem_claim('g-5', 'lengthened') AS g_5;
 
+-- Drops a lane's buckets, so that the stories after one that made them see none.
+CREATE FUNCTION drop_lane(lane interval) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE b name;
+BEGIN
+  FOR b IN DELETE FROM idempotency.ledger_buckets AS x WHERE x.lane = drop_lane.lane RETURNING bucket LOOP
+    EXECUTE format('DROP TABLE idempotency.%I', b);
+  END LOOP;
+  PERFORM idempotency.ledger_layout_changed();
+END $$;
 -- Buckets of a lane begin and end on whole seconds, whatever width each was made with (it
 -- follows the number of claims held), so no two begin in the second their names spell. After
 -- a bucket made by hand that ends within a second, the next one's name spells the
@@ -223,12 +232,7 @@ SELECT bucket, created FROM idempotency.ledger_bucket_as_owner('9 days', '1 day'
 SELECT bucket, created FROM idempotency.ledger_bucket_as_owner('9 days', '1 day 12 seconds', '2026-01-01 03:00:01+00');
 SELECT bucket, extract(epoch FROM ends_at - starts_at) AS seconds
 FROM idempotency.ledger_buckets WHERE lane = '9 days' ORDER BY starts_at;
-DO $$ DECLARE b name; BEGIN
-  FOR b IN DELETE FROM idempotency.ledger_buckets WHERE lane = '9 days' RETURNING bucket LOOP
-    EXECUTE format('DROP TABLE idempotency.%I', b);
-  END LOOP;
-  PERFORM idempotency.ledger_layout_changed();
-END $$;
+SELECT drop_lane('9 days');
 
 -- Lanes that differ by a fraction of a second have names of their own: the name spells the
 -- lane's microseconds where its seconds are not whole.
@@ -238,12 +242,7 @@ SELECT created > 0 AS made FROM idempotency.maintain_ledger_buckets();
 SELECT DISTINCT lane, substring(bucket FROM '^ledger_[^_]*') AS named
 FROM idempotency.ledger_buckets WHERE lane > '8 days' AND lane < '8 days 1 second' ORDER BY lane;
 SELECT idem_forget_scope('fraction-6'), idem_forget_scope('fraction-7');
-DO $$ DECLARE b name; BEGIN
-  FOR b IN DELETE FROM idempotency.ledger_buckets WHERE lane > '8 days' AND lane < '8 days 1 second' RETURNING bucket LOOP
-    EXECUTE format('DROP TABLE idempotency.%I', b);
-  END LOOP;
-  PERFORM idempotency.ledger_layout_changed();
-END $$;
+SELECT drop_lane('8 days 0.6 seconds'), drop_lane('8 days 0.7 seconds');
 
 -- A session keeps one filter for every sealed bucket, and asks it once per claim. A session
 -- without memory for it searches each sealed bucket instead, with the same answers.

@@ -192,27 +192,21 @@ unsafe fn btree_is_empty(index: pg_sys::Relation) -> bool {
 /// when the table is gone or has no key index.
 pub fn holds_no_row_version(table: pg_sys::Oid, column: &CStr) -> Result<Option<bool>, PgError> {
     // SAFETY: the scan is ended before the index closes; an error's abort releases both.
-    let found = unsafe {
-        with_table(table, |rel| {
-            with_key_index(rel, column, |index| {
-                if index.is_null() {
-                    return None;
-                }
-                let (mut all_visible, mut all_frozen) = (0, 0);
-                ffi::visibilitymap_count(rel, &raw mut all_visible, &raw mut all_frozen);
-                if all_visible != ffi::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM) {
-                    return Some(false);
-                }
-                let scan = version::begin_index_scan(rel, index, &raw mut pg_sys::SnapshotAnyData, 0);
-                (*scan).ignore_killed_tuples = false;
-                ffi::index_rescan(scan, ptr::null_mut(), 0, ptr::null_mut(), 0);
-                let entry = ffi::index_getnext_tid(scan, pg_sys::ScanDirection::ForwardScanDirection);
-                ffi::index_endscan(scan);
-                Some(entry.is_null())
-            })
+    unsafe {
+        with_key_indexed(table, column, |rel, index| {
+            let (mut all_visible, mut all_frozen) = (0, 0);
+            ffi::visibilitymap_count(rel, &raw mut all_visible, &raw mut all_frozen);
+            if all_visible != ffi::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM) {
+                return false;
+            }
+            let scan = version::begin_index_scan(rel, index, &raw mut pg_sys::SnapshotAnyData, 0);
+            (*scan).ignore_killed_tuples = false;
+            ffi::index_rescan(scan, ptr::null_mut(), 0, ptr::null_mut(), 0);
+            let entry = ffi::index_getnext_tid(scan, pg_sys::ScanDirection::ForwardScanDirection);
+            ffi::index_endscan(scan);
+            entry.is_null()
         })
-    }?;
-    Ok(found.flatten())
+    }
 }
 
 /// [`look_up`] in an open table through its key index. Unguarded.
@@ -298,19 +292,13 @@ pub fn each_key(
     // SAFETY: each page is read under its buffer's share lock, released before the next; an
     // error's abort releases them otherwise. Each entry's key is a uuid, 16 bytes by value;
     // `each` is only borrowed.
-    let relfilenode = unsafe {
-        with_table(table, |rel| {
-            with_key_index(rel, column, |index_rel| {
-                if index_rel.is_null() {
-                    return None;
-                }
-                let descriptor = (*index_rel).rd_att;
-                each_leaf_entry(index_rel, |entry| each(&entry_key(entry, descriptor)), |_| ());
-                Some((*(*rel).rd_rel).relfilenode)
-            })
+    unsafe {
+        with_key_indexed(table, column, |rel, index_rel| {
+            let descriptor = (*index_rel).rd_att;
+            each_leaf_entry(index_rel, |entry| each(&entry_key(entry, descriptor)), |_| ());
+            (*(*rel).rd_rel).relfilenode
         })
-    }?;
-    Ok(relfilenode.flatten())
+    }
 }
 
 /// The uuid an entry of a key index holds in its first column.
@@ -477,22 +465,16 @@ unsafe fn with_page<T>(
 /// index (or is gone).
 pub fn estimated_keys(table: pg_sys::Oid, column: &CStr) -> Result<Option<usize>, PgError> {
     // SAFETY: reads the size and the statistics of an open table and index.
-    let keys = unsafe {
-        with_table(table, |rel| {
-            with_key_index(rel, column, |index| {
-                if index.is_null() {
-                    return None;
-                }
-                let counted = (*(*rel).rd_rel).reltuples;
-                Some(if counted >= 0.0 {
-                    counted as usize
-                } else {
-                    ffi::RelationGetNumberOfBlocksInFork(index, pg_sys::ForkNumber::MAIN_FORKNUM) as usize * 292
-                })
-            })
+    unsafe {
+        with_key_indexed(table, column, |rel, index| {
+            let counted = (*(*rel).rd_rel).reltuples;
+            if counted >= 0.0 {
+                counted as usize
+            } else {
+                ffi::RelationGetNumberOfBlocksInFork(index, pg_sys::ForkNumber::MAIN_FORKNUM) as usize * 292
+            }
         })
-    }?;
-    Ok(keys.flatten())
+    }
 }
 
 /// `with` run on `table`, open with AccessShareLock for the call and closed after, keeping
@@ -529,6 +511,22 @@ unsafe fn with_key_index<T>(rel: pg_sys::Relation, column: &CStr, with: impl FnO
         ffi::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
     }
     result
+}
+
+/// `with` run on `table` and its key index ([`open_key_index`]), both open for the call; None
+/// when the table is gone or has no such index.
+///
+/// # Safety
+/// `with` may only use the relations for the call.
+unsafe fn with_key_indexed<T>(
+    table: pg_sys::Oid,
+    column: &CStr,
+    with: impl FnOnce(pg_sys::Relation, pg_sys::Relation) -> T,
+) -> Result<Option<T>, PgError> {
+    let result = with_table(table, |rel| {
+        with_key_index(rel, column, |index| if index.is_null() { None } else { Some(with(rel, index)) })
+    })?;
+    Ok(result.flatten())
 }
 
 #[cfg(any(test, feature = "pg_test"))]

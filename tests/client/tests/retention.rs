@@ -691,6 +691,15 @@ fn fill_fresh(c: &mut Client, prefix: &str, claims: i64) {
     );
 }
 
+/// VACUUM of the ledger until it leaves no row version there; another snapshot (an
+/// autoanalyze's, say) may still hold it back for a moment.
+fn vacuum_until_no_row_version(c: &mut Client) {
+    wait_until("VACUUM removes every version of the moved claims", || {
+        ok(c.batch_execute("VACUUM idempotency.ledger"), "VACUUM removes the moved claims' dead versions");
+        ok(c.query_one("SELECT idempotency.ledger_holds_no_row_version()", &[]), "ask the ledger").get(0)
+    });
+}
+
 /// A scan marks the index entries of rows that are dead by this server's horizon, without
 /// VACUUM and without a word to a standby, whose snapshot this server may not know of and may
 /// still see those rows: only VACUUM's records cancel its queries. So entries marked dead are
@@ -716,10 +725,7 @@ fn entries_a_scan_marked_dead_do_not_truncate_the_ledger() {
     let index_size = "SELECT pg_relation_size('idempotency.ledger_pkey')";
     ok(purge(&mut c, 1024), "a purge before VACUUM");
     assert!(count(&mut c, index_size) > 8 << 20, "the ledger is not truncated before VACUUM went over it");
-    wait_until("VACUUM removes every version of the moved claims", || {
-        ok(c.batch_execute("VACUUM idempotency.ledger"), "VACUUM removes the moved claims' dead versions");
-        ok(c.query_one("SELECT idempotency.ledger_holds_no_row_version()", &[]), "ask the ledger").get(0)
-    });
+    vacuum_until_no_row_version(&mut c);
     ok(purge(&mut c, 1024), "a purge after VACUUM");
     assert!(count(&mut c, index_size) <= 16 << 10, "the ledger's key index gave its pages back");
     assert_eq!(count(&mut c, "SELECT count(*) FROM idempotency.ledger"), CLAIMS, "every claim is still there");
@@ -762,11 +768,7 @@ fn moved_claims_stay_visible(vacuum_truncate: bool) {
         "the older snapshot finds a moved key by its digest"
     );
     ok(reader.batch_execute("COMMIT"), "the older snapshot ends");
-    // Another snapshot (an autoanalyze's, say) may still hold back VACUUM for a moment.
-    wait_until("VACUUM removes every version of the moved claims", || {
-        ok(c.batch_execute("VACUUM idempotency.ledger"), "VACUUM removes the moved claims' dead versions");
-        ok(c.query_one("SELECT idempotency.ledger_holds_no_row_version()", &[]), "ask the ledger's key index").get(0)
-    });
+    vacuum_until_no_row_version(&mut c);
     assert_eq!(count(&mut c, heap_size) == 0, vacuum_truncate, "VACUUM cut the emptied blocks off as told");
     ok(
         c.batch_execute(
